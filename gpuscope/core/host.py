@@ -1,0 +1,232 @@
+"""Host processes and memory from psutil.
+
+One pass over /proc per read with cheap fields only; command lines (redacted) are read for the
+processes that will be shown and cached by (pid, create_time), so PID reuse is never confused
+with the old process. A process that exits mid-read is simply not in the result.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+from gpuscope.core.model import HostMemory, HostProcess, ProcessDetail
+from gpuscope.core.redact import redact_command
+
+_PYTHON_NAME = re.compile(r"^(?:python|pypy)\d*(?:\.\d+)*[a-z]?$")
+_PYTHON_IN_PATH = re.compile(r"(?:python|pypy)(\d+\.\d+)")
+_LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
+_FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time"]
+
+
+class ProcessGone(Exception):
+    """The process does not exist (any more)."""
+
+
+class ProcessForbidden(Exception):
+    """The process exists but this user may not read it."""
+
+
+def is_python(name: str | None, exe: str | None) -> bool:
+    if name and _PYTHON_NAME.match(name):
+        return True
+    return bool(exe and _PYTHON_NAME.match(os.path.basename(exe)))
+
+
+@dataclass(frozen=True, slots=True)
+class SeenProcess:
+    """The cheap fields of one process from one pass over /proc."""
+
+    pid: int
+    create_time: float
+    name: str
+    exe: str | None
+    user: str | None
+    rss: int | None
+    cpu: float | None
+
+
+class HostCollector:
+    def __init__(self) -> None:
+        self._commands: dict[tuple[int, float], str] = {}
+        self._versions: dict[str, str | None] = {}  # interpreter path -> version
+
+    def memory(self) -> HostMemory:
+        vm = psutil.virtual_memory()
+        return HostMemory(total=vm.total, used=vm.total - vm.available, available=vm.available)
+
+    def scan(self) -> list[SeenProcess]:
+        """Every visible process with the fields needed to choose rows (no command lines yet)."""
+        seen: list[SeenProcess] = []
+        for proc in psutil.process_iter(_FIELDS, ad_value=None):
+            info = proc.info
+            if info.get("create_time") is None:
+                continue  # vanished while being read
+            mem = info.get("memory_info")
+            seen.append(
+                SeenProcess(
+                    pid=info["pid"],
+                    create_time=info["create_time"],
+                    name=info.get("name") or "",
+                    exe=info.get("exe") or None,
+                    user=info.get("username"),
+                    rss=mem.rss if mem is not None else None,
+                    cpu=info.get("cpu_percent"),
+                )
+            )
+        return seen
+
+    def complete(self, seen: Iterable[SeenProcess]) -> list[HostProcess]:
+        """Full rows (with redacted command lines) for the chosen processes."""
+        out: list[HostProcess] = []
+        live: set[tuple[int, float]] = set()
+        for s in seen:
+            key = (s.pid, s.create_time)
+            live.add(key)
+            command = self._commands.get(key)
+            if command is None:
+                command = self._commands[key] = self._command(s.pid, s.name)
+            out.append(
+                HostProcess(
+                    pid=s.pid,
+                    create_time=s.create_time,
+                    user=s.user,
+                    name=s.name,
+                    command=command,
+                    rss_bytes=s.rss,
+                    cpu_percent=s.cpu,
+                    is_python=is_python(s.name, s.exe),
+                )
+            )
+        # Forget command lines of processes no longer shown: the cache stays as big as the table.
+        for key in [k for k in self._commands if k not in live]:
+            del self._commands[key]
+        return out
+
+    @staticmethod
+    def _command(pid: int, name: str) -> str:
+        try:
+            args = psutil.Process(pid).cmdline()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return f"[{name}] (exited)"
+        except psutil.AccessDenied:
+            return f"[{name}]"
+        return redact_command(args) if args else f"[{name}]"
+
+    # -- the attached process -------------------------------------------------------------------
+
+    def detail(self, pid: int) -> ProcessDetail:
+        """Everything shown about an attached process. Raises ProcessGone / ProcessForbidden."""
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                create_time = proc.create_time()
+                name = proc.name()
+                args = proc.cmdline()
+                user = _optional(proc.username)
+                exe = _optional(proc.exe) or None
+                cwd = _optional(proc.cwd) or None
+                threads = _optional(proc.num_threads)
+                status = _optional(proc.status)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            raise ProcessGone(pid) from None
+        except psutil.AccessDenied:
+            raise ProcessForbidden(pid) from None
+        python_version = self.python_version(pid, name, exe)
+        return ProcessDetail(
+            pid=pid,
+            user=user,
+            command=redact_command(args) if args else f"[{name}]",
+            exe=exe,
+            cwd=cwd,
+            threads=threads,
+            python_version=python_version,
+            status=status,
+            create_time=create_time,
+        )
+
+    def python_version(self, pid: int, name: str, exe: str | None) -> str | None:
+        """The interpreter version of a Python process, or None if it is not Python."""
+        if exe and exe in self._versions:
+            return self._versions[exe]
+        version = None
+        if is_python(name, exe) and exe:
+            version = _interpreter_version(exe)
+        if version is None:
+            version = _libpython_version(pid)
+        if version is None and exe and is_python(name, exe):
+            m = _PYTHON_IN_PATH.search(os.path.basename(exe))
+            version = m.group(1) if m else None
+        if exe:
+            self._versions[exe] = version
+        return version
+
+
+def _optional(getter):
+    try:
+        return getter()
+    except psutil.AccessDenied:
+        return None
+
+
+def _interpreter_version(exe: str) -> str | None:
+    """Ask the interpreter binary itself (cached by the caller; a short timeout)."""
+    try:
+        out = subprocess.run(
+            [exe, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            timeout=3,
+            env={"PATH": os.environ.get("PATH", ""), "PYTHONNOUSERSITE": "1"},
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    version = out.stdout.strip()
+    return version if out.returncode == 0 and re.fullmatch(r"\d+\.\d+\.\d+\S*", version) else None
+
+
+def _libpython_version(pid: int) -> str | None:
+    """An embedded interpreter (or one linked to libpython) shows in the memory map."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                m = _LIBPYTHON.search(line)
+                if m:
+                    return m.group(1)
+    except OSError:
+        return None
+    return None
+
+
+def check_attachable(pid: int) -> HostProcess:
+    """Validate `--pid` before any console starts. Raises ProcessGone / ProcessForbidden."""
+    if pid <= 0:
+        raise ProcessGone(pid)
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            create_time = proc.create_time()
+            name = proc.name()
+            rss = proc.memory_info().rss
+            args = proc.cmdline()
+            exe = _optional(proc.exe)
+            user = _optional(proc.username)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        raise ProcessGone(pid) from None
+    except psutil.AccessDenied:
+        raise ProcessForbidden(pid) from None
+    return HostProcess(
+        pid=pid,
+        create_time=create_time,
+        user=user,
+        name=name,
+        command=redact_command(args) if args else f"[{name}]",
+        rss_bytes=rss,
+        cpu_percent=None,
+        is_python=is_python(name, exe),
+    )

@@ -1,0 +1,305 @@
+"""The live source: this node's GPUs and processes, sampled on a steady tick.
+
+Two pollers (NVML and host) read independently, so a hung GPU query never stops host memory from
+updating and vice versa. Each host read joins the latest NVML reading, records every shown
+process's memory in the bounded store, and emits one immutable Frame.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from gpuscope.core.growth import floor_growth
+from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess, is_python
+from gpuscope.core.model import (
+    Frame,
+    GpuUse,
+    HostMemory,
+    HostProcess,
+    MemorySeries,
+    NvmlReading,
+    ProcessDetail,
+    ProcessRow,
+)
+from gpuscope.core.nvml import NvmlCollector
+from gpuscope.core.poller import Poller, Reading
+from gpuscope.core.store import SeriesStore
+from gpuscope.core.units import format_bytes
+
+MAX_PYTHON_ROWS = 20
+MAX_RSS_ROWS = 15
+GROWTH_WINDOW_S = 30.0
+CHART_WINDOW_S = 300.0
+CONTAINER_NOTICE = (
+    "{n} GPU process(es) using {mem} belong to PIDs this container cannot see: "
+    "run gpuscope with --pid=host (Docker) or hostPID: true (Kubernetes)"
+)
+
+
+def in_container() -> bool:
+    """True when gpuscope itself runs in a container (then NVML's host PIDs may be invisible)."""
+    if os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"):
+        return True
+    try:
+        with open("/proc/1/cgroup", encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return any(word in text for word in ("docker", "kubepods", "containerd", "libpod", "lxc"))
+
+
+@dataclass(frozen=True, slots=True)
+class HostSnapshot:
+    """What one host read produced, before it is joined into a frame."""
+
+    time: float
+    memory: HostMemory
+    processes: tuple[HostProcess, ...]
+    visible: frozenset[int]
+    detail: ProcessDetail | None
+
+
+def choose_rows(seen: list[SeenProcess], gpu_pids: set[int], always: set[int]) -> list[SeenProcess]:
+    """GPU processes and the attached one first, then Python processes, then the largest by RSS."""
+    chosen: dict[int, SeenProcess] = {s.pid: s for s in seen if s.pid in gpu_pids or s.pid in always}
+    me = os.getpid()
+    # gpuscope itself is not what the operator is looking for; kernel threads have no RSS.
+    by_rss = sorted((s for s in seen if s.pid != me and s.rss), key=lambda s: s.rss or 0, reverse=True)
+    pythons = [s for s in by_rss if is_python(s.name, s.exe)]
+    for s in pythons[:MAX_PYTHON_ROWS]:
+        chosen.setdefault(s.pid, s)
+    for s in by_rss[:MAX_RSS_ROWS]:
+        chosen.setdefault(s.pid, s)
+    return list(chosen.values())
+
+
+class NodeSource:
+    kind = "live"
+
+    def __init__(
+        self,
+        *,
+        interval: float = 1.0,
+        focus_pid: int | None = None,
+        nvml: NvmlCollector | None = None,
+        host: HostCollector | None = None,
+        store: SeriesStore | None = None,
+        clock: Callable[[], float] = time.time,
+        read_timeout: float | None = None,
+    ) -> None:
+        self.interval = interval
+        self._nvml = nvml or NvmlCollector()
+        self._host = host or HostCollector()
+        self.store = store or SeriesStore()
+        self._clock = clock
+        self._focus = focus_pid
+        self._selected = focus_pid
+        self._on_frame: Callable[[Frame], None] | None = None
+        self._nvml_reading = NvmlReading(status="reading NVML...")
+        self._nvml_error: str | None = None
+        self._host_error: str | None = None
+        self._last: HostSnapshot | None = None
+        self._emit_lock = threading.Lock()
+        self._hostname = socket.gethostname()
+        self._container = in_container()
+        timeout = read_timeout if read_timeout is not None else max(5.0, 3 * interval)
+        self._pollers = [
+            Poller("nvml", self._nvml.read, self._on_nvml, timeout=timeout),
+            Poller("host", self._read_host, self._on_host, timeout=timeout),
+        ]
+        self._stopping = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="gpuscope-ticker", daemon=True)
+
+    # -- Source interface ---------------------------------------------------------------------
+
+    def start(self, on_frame: Callable[[Frame], None]) -> None:
+        self._on_frame = on_frame
+        for p in self._pollers:
+            p.start()
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for p in self._pollers:
+            p.stop()
+        if self._ticker.is_alive():
+            self._ticker.join(1.0)
+        self._nvml.close()
+
+    def select(self, pid: int | None) -> None:
+        self._selected = pid
+        self._emit_cached()
+
+    def focus(self, pid: int | None) -> None:
+        self._focus = pid
+        if pid is not None:
+            self._selected = pid
+        self._pollers[1].request()
+
+    # -- one synchronous sample, for the headless commands ---------------------------------------
+
+    def sample_once(self) -> Frame:
+        """Read NVML and the host right now (no threads) and return the frame."""
+        self._on_nvml(Reading("nvml", self._nvml.read()))
+        return self._frame(self._read_host())
+
+    # -- polling ----------------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        while not self._stopping.is_set():
+            for p in self._pollers:
+                p.request()
+            self._stopping.wait(self.interval)
+
+    def _on_nvml(self, reading: Reading) -> None:
+        if reading.error is not None:
+            self._nvml_error = reading.error
+            return
+        self._nvml_error = None
+        value: NvmlReading = reading.value
+        self._nvml_reading = value
+        now = self._clock()
+        for d in value.devices:
+            self.store.add(("dev", d.index), now, d.memory_used)
+
+    def _read_host(self) -> HostSnapshot:
+        now = self._clock()
+        memory = self._host.memory()
+        seen = self._host.scan()
+        gpu_pids = {u.pid for u in self._nvml_reading.uses}
+        always = {self._focus} if self._focus is not None else set()
+        procs = self._host.complete(choose_rows(seen, gpu_pids, always))
+        detail = None
+        if self._focus is not None:
+            try:
+                detail = self._host.detail(self._focus)
+            except (ProcessGone, ProcessForbidden):
+                prior = self._last.detail if self._last is not None else None
+                detail = replace(prior, exited=True, threads=None, status="exited") if prior else None
+        return HostSnapshot(now, memory, tuple(procs), frozenset(s.pid for s in seen), detail)
+
+    def _on_host(self, reading: Reading) -> None:
+        if reading.error is not None:
+            self._host_error = reading.error
+            self._emit_cached()
+            return
+        self._host_error = None
+        snap: HostSnapshot = reading.value
+        self._record(snap)
+        self.store.prune(snap.time)
+        self._last = snap
+        self._emit(self._frame(snap))
+
+    def _emit_cached(self) -> None:
+        if self._last is not None:
+            self._emit(self._frame(self._last))
+
+    def _emit(self, frame: Frame) -> None:
+        with self._emit_lock:
+            if self._on_frame is not None and not self._stopping.is_set():
+                self._on_frame(frame)
+
+    # -- frames -----------------------------------------------------------------------------------
+
+    def _uses_by_pid(self) -> dict[int, list[GpuUse]]:
+        uses: dict[int, list[GpuUse]] = {}
+        for u in self._nvml_reading.uses:
+            uses.setdefault(u.pid, []).append(u)
+        return uses
+
+    def _record(self, snap: HostSnapshot) -> None:
+        uses = self._uses_by_pid()
+        for p in snap.processes:
+            self.store.add(("rss", p.pid, p.create_time), snap.time, p.rss_bytes)
+            mine = uses.get(p.pid, [])
+            for u in mine:
+                self.store.add(("gpu", p.pid, p.create_time, u.device), snap.time, u.memory)
+            known = [u.memory for u in mine if u.memory is not None]
+            self.store.add(("gpu", p.pid, p.create_time), snap.time, sum(known) if known else None)
+
+    def _growth(self, key: tuple, now: float) -> float | None:
+        times, values = self.store.window(key, now - GROWTH_WINDOW_S)
+        return floor_growth(times, values)
+
+    def _frame(self, snap: HostSnapshot) -> Frame:
+        uses = self._uses_by_pid()
+        rows: list[ProcessRow] = []
+        for p in snap.processes:
+            rss_growth = self._growth(("rss", p.pid, p.create_time), snap.time)
+            common = dict(
+                pid=p.pid,
+                user=p.user,
+                rss_bytes=p.rss_bytes,
+                cpu_percent=p.cpu_percent,
+                command=p.command,
+                name=p.name,
+                is_python=p.is_python,
+                rss_growth_bytes_per_s=rss_growth,
+            )
+            mine = uses.get(p.pid)
+            if not mine:
+                rows.append(ProcessRow(gpu=None, gpu_memory_bytes=None, **common))
+                continue
+            for u in sorted(mine, key=lambda u: u.device):
+                growth = self._growth(("gpu", p.pid, p.create_time, u.device), snap.time)
+                rows.append(ProcessRow(gpu=u.device, gpu_memory_bytes=u.memory, gpu_growth_bytes_per_s=growth, **common))
+        notices = self._notices(snap, uses)
+        return Frame(
+            time=snap.time,
+            hostname=self._hostname,
+            host=snap.memory,
+            nvml=self._nvml_reading,
+            processes=tuple(rows),
+            notices=notices,
+            focus=snap.detail,
+            selected_pid=self._selected,
+            chart=self._chart(snap),
+        )
+
+    def _notices(self, snap: HostSnapshot, uses: dict[int, list[GpuUse]]) -> tuple[str, ...]:
+        notices: list[str] = []
+        invisible = [u for pid, us in uses.items() if pid not in snap.visible for u in us]
+        # Outside a container a missing PID just exited between the two reads; inside one, NVML's
+        # host PIDs are not in our namespace: say so once instead of rows of "no such process".
+        if invisible and self._container:
+            total = sum(u.memory or 0 for u in invisible)
+            notices.append(CONTAINER_NOTICE.format(n=len({u.pid for u in invisible}), mem=format_bytes(total)))
+        if self._nvml_error:
+            notices.append(f"GPU data is stale: {self._nvml_error}")
+        if self._host_error:
+            notices.append(f"Host data is stale: {self._host_error}")
+        return tuple(notices)
+
+    def _chart(self, snap: HostSnapshot) -> MemorySeries | None:
+        pid = self._selected
+        if pid is None:
+            return None
+        proc = next((p for p in snap.processes if p.pid == pid), None)
+        if proc is None:
+            # The process left the table (or exited): keep charting what was recorded of it.
+            keys = [k for k in self.store.keys() if k[0] == "rss" and k[1] == pid]
+            if not keys:
+                return None
+            create_time = max(k[2] for k in keys)
+        else:
+            create_time = proc.create_time
+        t0 = snap.time - CHART_WINDOW_S
+        times, rss = self.store.window(("rss", pid, create_time), t0)
+        gtimes, gpu = self.store.window(("gpu", pid, create_time), t0)
+        by_time = dict(zip(gtimes, gpu))
+        return MemorySeries(
+            pid=pid,
+            ages=tuple(snap.time - t for t in times),
+            gpu_bytes=tuple(_none_if_nan(by_time.get(t)) for t in times),
+            rss_bytes=tuple(_none_if_nan(v) for v in rss),
+        )
+
+
+def _none_if_nan(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) else v

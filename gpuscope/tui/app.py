@@ -1,0 +1,183 @@
+"""The console: renders the frames a source sends and turns keys into requests to that source.
+
+It never reads a collector itself and never blocks: the source's threads do the reading and
+post `FrameReady` messages, which coalesce when the console is behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.theme import Theme
+from textual.widgets import DataTable, Footer, Input, Static
+
+from gpuscope import __version__
+from gpuscope.core.model import Frame
+from gpuscope.core.source import Source
+from gpuscope.theme_files import DEFAULT_THEME, VARIABLE_DEFAULTS, ThemeSpec, load_themes
+from gpuscope.tui.chart import MemoryChart
+from gpuscope.tui.detail import ProcessPanel
+from gpuscope.tui.devices import DevicesPanel
+from gpuscope.tui.help import HelpScreen
+from gpuscope.tui.messages import FrameReady
+from gpuscope.tui.processes import SORTS, ProcessTable
+
+
+def textual_theme(spec: ThemeSpec) -> Theme:
+    return Theme(name=spec.name, dark=spec.dark, variables=dict(spec.variables), **spec.colours)
+
+
+class GpuScopeApp(App):
+    CSS_PATH = "gpuscope.tcss"
+    TITLE = "gpuscope"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("slash", "filter", "Filter"),
+        Binding("m", "sort('memory')", "Mem"),
+        Binding("g", "sort('growth')", "Growth"),
+        Binding("c", "sort('cpu')", "CPU"),
+        Binding("o", "sort('default')", "Order", show=False),
+        Binding("escape", "escape", "Detach", show=False),
+    ]
+
+    def __init__(self, source: Source, *, theme: str | None = None) -> None:
+        super().__init__()
+        self.source = source
+        self._theme_name = theme or DEFAULT_THEME
+        self.frame: Frame | None = None
+        self._started = False
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return dict(VARIABLE_DEFAULTS)
+
+    def compose(self) -> ComposeResult:
+        yield Static("gpuscope", id="title")
+        yield DevicesPanel(id="devices")
+        yield ProcessTable(id="processes")
+        with Horizontal(id="bottom"):
+            yield MemoryChart(id="chart")
+            yield ProcessPanel(id="detail")
+        yield Input(placeholder="filter: command, user or PID (Enter keeps it, Esc clears)", id="filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        specs, problems = load_themes()
+        for spec in specs.values():
+            self.register_theme(textual_theme(spec))
+        self.theme = self._theme_name if self._theme_name in specs else DEFAULT_THEME
+        for problem in problems:
+            self.notify(problem, title="theme file skipped", severity="warning")
+        self.query_one(ProcessTable).growth_style = f"bold {self.theme_variables.get('gpuscope-growth', 'yellow')}"
+        self.query_one(ProcessTable).focus()
+        try:  # a lost terminal ends the console cleanly (children and journal are closed on exit)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+        self.source.start(lambda frame: self.post_message(FrameReady(frame)))
+        self._started = True
+
+    def on_unmount(self) -> None:
+        if self._started:
+            self.source.stop()
+
+    def on_resize(self, event) -> None:
+        self.set_class(event.size.width < 100, "narrow")
+        self.set_class(event.size.height < 30, "short")
+
+    # -- rendering ---------------------------------------------------------------------------------
+
+    def on_frame_ready(self, message: FrameReady) -> None:
+        frame = message.frame
+        first = self.frame is None
+        self.frame = frame
+        table = self.query_one(ProcessTable)
+        with self.batch_update():
+            self._show_title(frame)
+            self.query_one(DevicesPanel).show(frame)
+            table.show(frame.processes)
+            if first and frame.selected_pid is not None:
+                table.select_pid(frame.selected_pid)
+            self.query_one(MemoryChart).show(frame.chart)
+            self.query_one(ProcessPanel).show(frame)
+
+    def _show_title(self, frame: Frame) -> None:
+        table = self.query_one(ProcessTable)
+        gpus = len(frame.nvml.devices)
+        parts = [
+            f"gpuscope {__version__}",
+            frame.hostname,
+            f"{gpus} GPU{'s' if gpus != 1 else ''}" if frame.nvml.status is None else "no NVML",
+            f"sort: {SORTS[table.sort_name][0]}",
+        ]
+        if table.filter_text:
+            parts.append(f"filter: {table.filter_text}")
+        parts.append(frame.source)
+        parts.append(time.strftime("%H:%M:%S", time.localtime(frame.time)))
+        self.query_one("#title", Static).update(" · ".join(parts))
+
+    def _rerender(self) -> None:
+        if self.frame is not None:
+            self.query_one(ProcessTable).show(self.frame.processes)
+            self._show_title(self.frame)
+
+    # -- input -------------------------------------------------------------------------------------
+
+    @on(DataTable.RowHighlighted, "#processes")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        row = self.query_one(ProcessTable).selected_row
+        if row is not None and (self.frame is None or row.pid != self.frame.selected_pid):
+            self.source.select(row.pid)
+
+    @on(DataTable.RowSelected, "#processes")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        row = self.query_one(ProcessTable).selected_row
+        if row is not None:
+            self.source.focus(row.pid)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_sort(self, name: str) -> None:
+        self.query_one(ProcessTable).set_sort(name)
+        if self.frame is not None:
+            self._show_title(self.frame)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("visible")
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.query_one(ProcessTable).filter_text = event.value.strip()
+        self._rerender()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        self._close_filter(keep=True)
+
+    def _close_filter(self, keep: bool) -> None:
+        box = self.query_one("#filter", Input)
+        if not keep:
+            box.value = ""
+            self.query_one(ProcessTable).filter_text = ""
+            self._rerender()
+        box.remove_class("visible")
+        self.query_one(ProcessTable).focus()
+
+    def action_escape(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.has_class("visible"):
+            self._close_filter(keep=False)
+        elif self.query_one(ProcessTable).filter_text:
+            self._close_filter(keep=False)
+        elif self.frame is not None and self.frame.focus is not None:
+            self.source.focus(None)

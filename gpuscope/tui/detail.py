@@ -1,0 +1,56 @@
+"""The panel about the attached (focused) process."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from gpuscope.core.model import Frame, ProcessRow
+from gpuscope.core.units import format_bytes, format_rate
+
+
+class ProcessPanel(Static):
+    DEFAULT_CSS = """
+    ProcessPanel { width: 1fr; min-width: 28; padding: 0 1; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("", **kwargs)
+        self._last = None
+
+    def show(self, frame: Frame) -> None:
+        d = frame.focus
+        text = Text()
+        if d is None:
+            text.append("No process attached.\n", style="bold")
+            text.append("Enter attaches to the selected process; gpuscope --pid PID attaches at start.", style="dim")
+        else:
+            rows = [r for r in frame.processes if r.pid == d.pid]
+            text.append(f"PID {d.pid}", style="bold")
+            if d.exited:
+                text.append("  ✖ exited", style="bold red")
+            elif d.status:
+                text.append(f"  {d.status}")
+            text.append("\n")
+            text.append(f"user    {d.user or '?'}\n")
+            text.append(f"python  {d.python_version or 'not Python'}\n")
+            text.append(f"threads {'-' if d.threads is None else d.threads}\n")
+            text.append(f"cwd     {d.cwd or '(not readable)'}\n")
+            text.append_text(_memory_lines(rows))
+            text.append(f"cmd     {d.command}", style="dim")
+        key = (text.plain, tuple(str(s) for s in text.spans))
+        if key != self._last:
+            self._last = key
+            self.update(text)
+
+
+def _memory_lines(rows: list[ProcessRow]) -> Text:
+    text = Text()
+    if not rows:
+        return text
+    first = rows[0]
+    text.append(f"RSS     {format_bytes(first.rss_bytes)}  {format_rate(first.rss_growth_bytes_per_s)} MB/s\n")
+    for r in rows:
+        if r.gpu is not None:
+            text.append(f"GPU{r.gpu}    {format_bytes(r.gpu_memory_bytes)}  {format_rate(r.gpu_growth_bytes_per_s)} MB/s\n")
+    return text

@@ -1,0 +1,40 @@
+"""The help screen (`?`)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+HELP = """\
+[b]gpuscope — keys[/b]
+
+  ↑ ↓ PgUp PgDn   move in the process table (charts the selected process)
+  Enter           attach to the selected process (details + chart)
+  Esc             detach / close this help / clear the filter
+  /               filter processes by command, user or PID
+  m  g  c         sort by memory, growth, CPU
+  o               back to the default order (GPU processes first)
+  ?               this help
+  q               quit
+
+GROW MB/s is the growth of the memory floor over the last 30 s:
+GPU memory on GPU rows, host RSS on the others. ▲ marks growth.
+N/A means NVML could not say (it is never shown as 0).
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical { width: auto; max-width: 90%; height: auto; padding: 1 2; border: round $primary; background: $surface; }
+    """
+    BINDINGS = [
+        Binding("escape,q,question_mark", "dismiss", "Close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(HELP, id="help-text")
