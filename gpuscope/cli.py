@@ -116,7 +116,7 @@ def attach_check(pid: int) -> None:
     try:
         check_attachable(pid)
     except ProcessGone:
-        raise Failure(f"no process with PID {pid} (it may have exited); list candidates with 'gpuscope ps'") from None
+        raise Failure(f"no process with PID {pid}; list running ones with 'gpuscope ps'") from None
     except ProcessForbidden:
         raise Failure(
             f"no permission to read process {pid}: run gpuscope as the user who owns it, or as root"

@@ -147,7 +147,9 @@ class NodeSource:
     def sample_once(self) -> Frame:
         """Read NVML and the host right now (no threads) and return the frame."""
         self._on_nvml(Reading("nvml", self._nvml.read()))
-        return self._frame(self._read_host())
+        snap = self._read_host()
+        self._accept(snap)
+        return self._frame(snap)
 
     # -- polling ----------------------------------------------------------------------------------
 
@@ -191,10 +193,13 @@ class NodeSource:
             return
         self._host_error = None
         snap: HostSnapshot = reading.value
+        self._accept(snap)
+        self._emit(self._frame(snap))
+
+    def _accept(self, snap: HostSnapshot) -> None:
         self._record(snap)
         self.store.prune(snap.time)
         self._last = snap
-        self._emit(self._frame(snap))
 
     def _emit_cached(self) -> None:
         if self._last is not None:

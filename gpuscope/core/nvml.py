@@ -105,17 +105,17 @@ class NvmlCollector:
     # -- one device -----------------------------------------------------------------------------
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        """Call an NVML function: None where unsupported; DeviceFailed where the device is gone."""
+        """Call an NVML function: None where unsupported or refused; DeviceFailed if the GPU is gone."""
         nvml = self._nvml
         try:
             return fn(*args)
         except nvml.NVMLError_GpuIsLost:
             raise DeviceFailed(_GPU_LOST) from None
         except nvml.NVMLError_NoPermission:
-            raise DeviceFailed("no permission to read this GPU") from None
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            if fn is nvml.nvmlDeviceGetMemoryInfo:  # without memory there is nothing to show
+                raise DeviceFailed("no permission to read this GPU's memory") from None
             return None
-        except nvml.NVMLError:
+        except nvml.NVMLError:  # NotSupported, FunctionNotFound, ...: this field is N/A here
             return None
 
     def _read_device(self, index: int) -> tuple[Device, list[GpuUse]]:

@@ -53,11 +53,17 @@ class MemoryChart(PlotextPlot):
             return
         gpu = [(-a, v) for a, v in zip(series.ages, series.gpu_bytes) if v is not None]
         rss = [(-a, v) for a, v in zip(series.ages, series.rss_bytes) if v is not None]
-        unit, label = scale([v for _, v in gpu + rss])
-        if gpu:
-            plt.plot([x for x, _ in gpu], [v / unit for _, v in gpu], label="GPU", marker="braille", color="green")
-        if rss:
-            plt.plot([x for x, _ in rss], [v / unit for _, v in rss], label="RSS", marker="braille", color="cyan")
-        plt.title(f"PID {series.pid} memory ({label}) — seconds ago")
+        # Each on its own axis (GPU left, RSS right): their sizes differ by orders of magnitude
+        # and a shared axis would flatten the smaller one's trend.
+        parts = []
+        for name, points, side, colour in (("GPU", gpu, "left", "green"), ("RSS", rss, "right", "cyan")):
+            if not points:
+                continue
+            unit, label = scale([v for _, v in points])
+            side = side if gpu and rss else "left"
+            plt.plot([x for x, _ in points], [v / unit for _, v in points], label=f"{name} {label}",
+                     marker="braille", color=colour, yside=side)
+            parts.append(f"{name} {label}" + (f" ({side})" if gpu and rss else ""))
+        plt.title(f"PID {series.pid}: {', '.join(parts)} — seconds ago")
         plt.xlim(min(-10.0, -max(series.ages)), 0)  # never a zero-width axis
         self.refresh()

@@ -29,7 +29,7 @@ N/A means NVML could not say (it is never shown as 0).
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: auto; max-width: 90%; height: auto; padding: 1 2; border: round $primary; background: $surface; }
+    HelpScreen > Vertical { width: 76; max-width: 100%; height: auto; max-height: 100%; padding: 0 1; border: round $primary; background: $surface; }
     """
     BINDINGS = [
         Binding("escape,q,question_mark", "dismiss", "Close"),

@@ -20,8 +20,8 @@ COLUMNS = (  # key, label, width
     ("pid", "PID", 7),
     ("user", "USER", 8),
     ("gpu", "GPU", 3),
-    ("gpu_mem", "GPU MEM", 7),
-    ("rss", "RSS", 7),
+    ("gpu_mem", "GPU MEM", 8),
+    ("rss", "RSS", 8),
     ("growth", "GROW MB/s", 9),
     ("cpu", "CPU%", 5),
     ("command", "COMMAND", 200),
@@ -78,7 +78,8 @@ class ProcessTable(DataTable):
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
-            self.add_column(label, key=key, width=width)
+            numeric = key not in ("user", "command")
+            self.add_column(Text(label, justify="right" if numeric else "left"), key=key, width=width)
 
     @property
     def selected_row(self) -> ProcessRow | None:

@@ -1,0 +1,46 @@
+"""Shared fixtures: real child processes that leak or idle, and the fake NVML."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import FAKE_NVML_DIR
+
+
+@pytest.fixture
+def spawn_python(tmp_path):
+    """Start a small Python program as a real child process; it is killed after the test."""
+    children: list[subprocess.Popen] = []
+
+    def spawn(code: str, *args: str) -> subprocess.Popen:
+        script = tmp_path / f"child{len(children)}.py"
+        script.write_text(textwrap.dedent(code))
+        proc = subprocess.Popen(
+            [sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        children.append(proc)
+        assert proc.stdout.readline().strip() == "ready"
+        return proc
+
+    yield spawn
+    for proc in children:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    """The fake `pynvml` module, importable in-process; `configure(scenario)` sets what it plays."""
+    monkeypatch.syspath_prepend(str(FAKE_NVML_DIR))
+    sys.modules.pop("pynvml", None)
+    import pynvml  # noqa: PLC0415 - the fake, from the prepended path
+
+    assert Path(pynvml.__file__).parent == FAKE_NVML_DIR
+    pynvml.configure({"init_error": "LibraryNotFound"})
+    yield pynvml
+    sys.modules.pop("pynvml", None)

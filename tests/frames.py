@@ -1,0 +1,92 @@
+"""Hand-made frames and a source that replays them: the console tested without collectors."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpuscope.core.model import Device, Frame, HostMemory, MemorySeries, NvmlReading, ProcessDetail, ProcessRow
+
+GIB = 1 << 30
+MIB = 1 << 20
+T0 = 1_767_000_000.0  # a fixed wall-clock time, so snapshots do not depend on today
+
+
+def rows() -> tuple[ProcessRow, ...]:
+    return (
+        ProcessRow(4242, "svc", 0, 61 * GIB, 9 * GIB, 97.0, "python -m vllm.entrypoints.openai.api_server --api-key ***",
+                   "python", True, 3.1e6, 0.1e6),
+        ProcessRow(4243, "svc", 1, 22 * GIB, 3 * GIB, 12.0, "python rag_worker.py --retriever faiss", "python", True, 0.0, 0.0),
+        ProcessRow(5100, "alice", 1, None, 2 * GIB, 3.0, "python notebook_kernel.py", "python", True, None, 0.0),
+        ProcessRow(777, "root", None, None, 512 * MIB, 1.0, "/usr/bin/dockerd -H fd://", "dockerd", False, None, 0.0),
+        ProcessRow(9001, "bob", None, None, 1 * GIB, 45.0, "python train_tokenizer.py", "python", True, None, 1.5e6),
+    )
+
+
+def chart(pid: int = 4242, n: int = 60) -> MemorySeries:
+    ages = tuple(float(n - 1 - i) for i in range(n))
+    return MemorySeries(
+        pid=pid,
+        ages=ages,
+        gpu_bytes=tuple(58 * GIB + i * 3.1e6 * 1 for i in range(n)),
+        rss_bytes=tuple(9 * GIB + (i % 10) * 20 * MIB for i in range(n)),
+    )
+
+
+def frame(**changes) -> Frame:
+    base = Frame(
+        time=T0,
+        hostname="gpu-node-7",
+        host=HostMemory(total=512 * GIB, used=187 * GIB, available=325 * GIB),
+        nvml=NvmlReading(
+            status=None,
+            devices=(
+                Device(0, "NVIDIA H200", "GPU-0", 63 * GIB, 141 * GIB, 97, 64),
+                Device(1, "NVIDIA H200", "GPU-1", 25 * GIB, 141 * GIB, 12, 41),
+            ),
+            driver="550.54.15",
+        ),
+        processes=rows(),
+        focus=ProcessDetail(4242, "svc", "python -m vllm.entrypoints.openai.api_server --api-key ***", "/usr/bin/python3.11",
+                            "/srv/vllm", 48, "3.11.9", "running", T0 - 3600),
+        selected_pid=4242,
+        chart=chart(),
+    )
+    return replace(base, **changes)
+
+
+def no_nvml_frame() -> Frame:
+    host_rows = tuple(r for r in rows() if r.gpu is None)
+    return frame(
+        nvml=NvmlReading(status="NVML unavailable: no NVIDIA driver on this machine (libnvidia-ml.so.1 not found)"),
+        processes=host_rows, focus=None, selected_pid=None, chart=None,
+    )
+
+
+class FakeSource:
+    """A Source that sends the frames the test gives it and records what the console asked."""
+
+    kind = "live"
+
+    def __init__(self, *frames: Frame) -> None:
+        self.frames = list(frames)
+        self.selected: list[int | None] = []
+        self.focused: list[int | None] = []
+        self.on_frame = None
+        self.stopped = False
+
+    def start(self, on_frame) -> None:
+        self.on_frame = on_frame
+        for f in self.frames:
+            on_frame(f)
+
+    def send(self, f: Frame) -> None:
+        self.on_frame(f)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def select(self, pid) -> None:
+        self.selected.append(pid)
+
+    def focus(self, pid) -> None:
+        self.focused.append(pid)

@@ -1,0 +1,56 @@
+"""The command line: contracts and one-line errors, run as a real subprocess."""
+
+import json
+import subprocess
+
+from gpuscope import __version__
+
+from helpers import IDLER, gpuscope_cmd
+
+
+def run(*args, **kw):
+    return subprocess.run(gpuscope_cmd() + list(args), capture_output=True, text=True, timeout=60, **kw)
+
+
+def one_line_error(out, code):
+    assert out.returncode == code, (out.returncode, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuscope: "), out.stderr
+    assert "Traceback" not in out.stderr
+    return lines[0]
+
+
+def test_version_and_help():
+    assert run("--version").stdout.strip() == f"gpuscope {__version__}"
+    out = run("--help")
+    assert out.returncode == 0 and "ps" in out.stdout and "demo" in out.stdout and "--pid" in out.stdout
+
+
+def test_no_such_pid_is_one_line_before_any_console(spawn_python):
+    child = spawn_python(IDLER)
+    child.kill()
+    child.wait()
+    line = one_line_error(run("--pid", str(child.pid)), 1)
+    assert f"no process with PID {child.pid}" in line
+
+
+def test_bad_option_values_are_one_line():
+    assert "PID must be" in one_line_error(run("--pid", "abc"), 2)
+    assert "at least 0.25" in one_line_error(run("--refresh", "0.01"), 2)
+    assert "invalid choice" in one_line_error(run("frobnicate"), 2)
+
+
+def test_without_a_terminal_the_console_points_to_the_headless_commands():
+    line = one_line_error(run(stdin=subprocess.DEVNULL), 1)
+    assert "gpuscope ps --json" in line
+
+
+def test_ps_text_and_json_list_a_child_without_its_secrets(spawn_python):
+    child = spawn_python(IDLER, "--token=abc123", "password=hunter2")
+    text = run("ps")
+    assert text.returncode == 0 and str(child.pid) in text.stdout
+    rows = json.loads(run("ps", "--json").stdout)
+    mine = [r for r in rows if r["pid"] == child.pid]
+    assert mine and mine[0]["gpu"] is None and mine[0]["gpu_memory_bytes"] is None and mine[0]["rss_bytes"] > 0
+    assert "abc123" not in text.stdout + json.dumps(rows) and "hunter2" not in text.stdout + json.dumps(rows)
+    assert "NVML unavailable" in text.stderr  # said once, not on stdout where scripts read

@@ -1,0 +1,76 @@
+"""Host processes from psutil, against real child processes."""
+
+import os
+import sys
+
+import psutil
+import pytest
+
+from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, check_attachable, is_python
+from gpuscope.core.node import NodeSource
+
+from helpers import IDLER, LEAKER, wait_until
+
+
+def test_detail_of_a_python_child(spawn_python):
+    child = spawn_python(IDLER, "--api-key", "sk-live-123")
+    detail = HostCollector().detail(child.pid)
+    assert detail.pid == child.pid and not detail.exited
+    assert detail.python_version == ".".join(map(str, sys.version_info[:3]))
+    assert detail.threads >= 1 and detail.cwd == os.getcwd()
+    assert "sk-live-123" not in detail.command and "--api-key ***" in detail.command
+
+
+def test_check_attachable_refuses_missing_and_forbidden(spawn_python, monkeypatch):
+    child = spawn_python(IDLER)
+    assert check_attachable(child.pid).is_python
+    child.kill()
+    child.wait()
+    with pytest.raises(ProcessGone):
+        check_attachable(child.pid)
+    with pytest.raises(ProcessGone):
+        check_attachable(0)
+
+    def denied(self):
+        raise psutil.AccessDenied(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "cmdline", denied)
+    with pytest.raises(ProcessForbidden):
+        check_attachable(os.getpid())
+
+
+def test_python_is_recognised_by_name_or_interpreter():
+    assert is_python("python3.11", None) and is_python("python", None)
+    assert is_python("vllm", "/usr/bin/python3.12")  # a console script: comm is the script's name
+    assert not is_python("bash", "/usr/bin/bash")
+
+
+def test_the_live_source_sees_a_leaking_child_grow(spawn_python):
+    child = spawn_python(LEAKER)
+    frames = []
+    source = NodeSource(interval=0.25, focus_pid=child.pid)
+    source.start(frames.append)
+    try:
+        def grown():
+            rows = [r for r in (frames[-1].processes if frames else ()) if r.pid == child.pid]
+            return rows and rows[0].rss_growth_bytes_per_s and rows[0].rss_growth_bytes_per_s > 0.5e6
+        wait_until(grown, timeout=60, what="a positive RSS growth for the leaking child")
+        frame = frames[-1]
+        assert frame.focus.pid == child.pid and frame.selected_pid == child.pid
+        assert frame.chart.pid == child.pid and len(frame.chart.ages) >= 4
+        assert frame.chart.rss_bytes[-1] > frame.chart.rss_bytes[0]
+        assert all(v is None for v in frame.chart.gpu_bytes)  # no NVML here: N/A, never 0
+    finally:
+        source.stop()
+
+
+def test_an_attached_process_that_exits_keeps_its_details_and_chart(spawn_python):
+    child = spawn_python(IDLER)
+    source = NodeSource(interval=0.25, focus_pid=child.pid)
+    source.sample_once()
+    source.sample_once()
+    child.kill()
+    child.wait()
+    frame = source.sample_once()
+    assert frame.focus.exited and frame.focus.pid == child.pid
+    assert frame.chart is not None and len(frame.chart.ages) == 2

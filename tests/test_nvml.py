@@ -1,0 +1,130 @@
+"""The NVML collector against the fake `pynvml` (real function names and error classes)."""
+
+import json
+import subprocess
+
+import pytest
+
+from gpuscope.core.node import NodeSource
+from gpuscope.core.nvml import NvmlCollector
+
+from helpers import IDLER, fake_nvml_env, gpuscope_cmd
+
+GIB = 1 << 30
+
+
+def device(**kw):
+    base = {"name": "NVIDIA H200", "total": 141 * GIB, "used": 10 * GIB, "util": 37, "temp": 51, "compute": [], "graphics": []}
+    base.update(kw)
+    return base
+
+
+def test_no_driver_is_one_status_line_and_nvml_is_initialised_once(fake_nvml):
+    fake_nvml.configure({"init_error": "LibraryNotFound"})
+    nvml = NvmlCollector()
+    first, second = nvml.read(), nvml.read()
+    assert first.devices == () and "no NVIDIA driver" in first.status
+    assert second.status == first.status
+    assert fake_nvml.CALLS.count("nvmlInitWithFlags") == 1
+
+
+@pytest.mark.parametrize(
+    "error, words", [("DriverNotLoaded", "driver is not loaded"), ("NoPermission", "no permission"), ("Unknown", "Unknown")]
+)
+def test_other_init_failures_say_why(fake_nvml, error, words):
+    fake_nvml.configure({"init_error": error})
+    assert words in NvmlCollector().read().status
+
+
+def test_devices_and_processes_with_not_available_memory(fake_nvml):
+    fake_nvml.configure({"devices": [
+        device(compute=[{"pid": 10, "used": 3 * GIB}, {"pid": 11, "used": None}], graphics=[{"pid": 10, "used": 1 * GIB}]),
+        device(name="NVIDIA H200 NVL", compute=[{"pid": 12, "used": 5 * GIB}]),
+    ]})
+    reading = NvmlCollector().read()
+    assert reading.status is None and reading.driver == "550.54.15"
+    assert [d.name for d in reading.devices] == ["NVIDIA H200", "NVIDIA H200 NVL"]
+    d0 = reading.devices[0]
+    assert (d0.memory_used, d0.memory_total, d0.utilization, d0.temperature) == (10 * GIB, 141 * GIB, 37, 51)
+    uses = {(u.pid, u.device): u for u in reading.uses}
+    assert uses[(10, 0)].kind == "C+G" and uses[(10, 0)].memory == 3 * GIB
+    assert uses[(11, 0)].memory is None  # N/A, not 0
+    assert uses[(12, 1)].memory == 5 * GIB
+
+
+def test_older_driver_falls_back_to_the_previous_process_query_and_remembers(fake_nvml):
+    fake_nvml.configure({"devices": [device(
+        missing=["nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3"],
+        compute=[{"pid": 10, "used": GIB}],
+    )]})
+    nvml = NvmlCollector()
+    assert [u.pid for u in nvml.read().uses] == [10]
+    fake_nvml.CALLS.clear()
+    nvml.read()
+    assert "nvmlDeviceGetComputeRunningProcesses_v2" in fake_nvml.CALLS
+    assert "nvmlDeviceGetComputeRunningProcesses_v3" not in fake_nvml.CALLS
+
+
+def test_a_lost_gpu_is_an_error_on_that_device_only(fake_nvml):
+    fake_nvml.configure({"devices": [
+        device(errors={"nvmlDeviceGetMemoryInfo": "GpuIsLost"}, compute=[{"pid": 10, "used": GIB}]),
+        device(compute=[{"pid": 12, "used": GIB}]),
+    ]})
+    reading = NvmlCollector().read()
+    assert "GPU is lost" in reading.devices[0].error and reading.devices[0].memory_used is None
+    assert reading.devices[1].error is None
+    assert [u.pid for u in reading.uses] == [12]
+
+
+def test_no_permission_and_unsupported_fields(fake_nvml):
+    fake_nvml.configure({"devices": [
+        device(errors={"nvmlDeviceGetMemoryInfo": "NoPermission"}),
+        device(errors={
+            "nvmlDeviceGetTemperature": "NotSupported",
+            "nvmlDeviceGetUtilizationRates": "NoPermission",
+            "nvmlDeviceGetComputeRunningProcesses_v3": "NoPermission",
+        }),
+    ]})
+    reading = NvmlCollector().read()
+    assert reading.devices[0].error == "no permission to read this GPU's memory"
+    d1 = reading.devices[1]
+    assert d1.error is None and d1.temperature is None and d1.utilization is None and d1.memory_used == 10 * GIB
+    assert reading.uses == ()
+
+
+def test_a_process_that_vanishes_between_the_nvml_and_psutil_reads(fake_nvml, spawn_python, monkeypatch):
+    alive = spawn_python(IDLER)
+    gone = spawn_python(IDLER)
+    gone.kill()
+    gone.wait()
+    fake_nvml.configure({"devices": [device(compute=[{"pid": alive.pid, "used": 2 * GIB}, {"pid": gone.pid, "used": GIB}])]})
+    monkeypatch.setattr("gpuscope.core.node.in_container", lambda: False)
+    frame = NodeSource().sample_once()
+    gpu_rows = [r for r in frame.processes if r.gpu is not None]
+    assert [(r.pid, r.gpu, r.gpu_memory_bytes) for r in gpu_rows] == [(alive.pid, 0, 2 * GIB)]
+    assert gpu_rows[0].rss_bytes > 0 and "python" in gpu_rows[0].command
+    assert frame.notices == ()  # on the host, a missing PID has just exited: no banner
+
+
+def test_pids_invisible_in_a_container_give_one_banner(fake_nvml, monkeypatch):
+    fake_nvml.configure({"devices": [device(compute=[{"pid": 4_000_001, "used": GIB}, {"pid": 4_000_002, "used": GIB}])]})
+    monkeypatch.setattr("gpuscope.core.node.in_container", lambda: True)
+    frame = NodeSource().sample_once()
+    assert not [r for r in frame.processes if r.gpu is not None]
+    assert len(frame.notices) == 1
+    assert "2 GPU process(es) using 2.0G" in frame.notices[0] and "--pid=host" in frame.notices[0]
+
+
+def test_ps_json_end_to_end_with_gpu_processes(tmp_path, spawn_python):
+    child = spawn_python(IDLER)
+    scenario = tmp_path / "nvml.json"
+    scenario.write_text(json.dumps({"devices": [device(compute=[{"pid": child.pid, "used": None}])]}))
+    out = subprocess.run(gpuscope_cmd() + ["ps", "--json"], env=fake_nvml_env(scenario), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows[0] == {
+        "pid": child.pid, "user": rows[0]["user"], "gpu": 0, "gpu_memory_bytes": None,
+        "rss_bytes": rows[0]["rss_bytes"], "cpu_percent": rows[0]["cpu_percent"], "command": rows[0]["command"],
+    }
+    assert rows[0]["rss_bytes"] > 0 and str(child.args[1]) in rows[0]["command"]
+    assert all(set(r) == {"pid", "user", "gpu", "gpu_memory_bytes", "rss_bytes", "cpu_percent", "command"} for r in rows)

@@ -1,0 +1,98 @@
+"""gpuscope in a real terminal: tmux runs it, send-keys types, capture-pane reads the screen."""
+
+import json
+import shlex
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from helpers import LEAKER, ROOT, fake_nvml_env, gpuscope_cmd, require_tool, wait_until
+
+pytestmark = pytest.mark.terminal
+
+
+class Tmux:
+    def __init__(self, command: list[str], env: dict[str, str] | None, size, config: Path):
+        self.tmux = require_tool("tmux")
+        self.socket = f"gpuscope-test-{uuid.uuid4().hex[:8]}"
+        # remain-on-exit from the config, so a command that exits at once still leaves its output.
+        config.write_text("set -g remain-on-exit on\nset -g status off\n")
+        self.config = config
+        env_args = [a for k, v in (env or {}).items() for a in ("-e", f"{k}={v}")]
+        self._run("new-session", "-d", "-s", "t", "-x", str(size[0]), "-y", str(size[1]), *env_args,
+                  "-c", str(ROOT), shlex.join(command))
+
+    def _run(self, *args: str) -> str:
+        cmd = [self.tmux, "-L", self.socket, "-f", str(self.config), *args]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def screen(self) -> str:
+        return self._run("capture-pane", "-p", "-t", "t")
+
+    def keys(self, *keys: str) -> None:
+        self._run("send-keys", "-t", "t", *keys)
+
+    def dead(self) -> bool:
+        return self._run("display-message", "-p", "-t", "t", "#{pane_dead}").strip() == "1"
+
+    def close(self) -> None:
+        subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def tmux_session(tmp_path):
+    sessions = []
+
+    def start(command, env=None, size=(120, 40)):
+        session = Tmux(command, env, size, tmp_path / f"tmux{len(sessions)}.conf")
+        sessions.append(session)
+        return session
+
+    yield start
+    for s in sessions:
+        s.close()
+
+
+def test_attach_to_a_leaking_child_shows_it_growing_help_and_quit(tmux_session, spawn_python, tmp_path):
+    child = spawn_python(LEAKER)
+    # The fake NVML reports the child's RSS as its GPU memory, so the GPU path runs end to end too.
+    scenario = tmp_path / "nvml.json"
+    scenario.write_text(json.dumps({"devices": [{"name": "NVIDIA H200", "total": 150 * 2**30, "util": 50, "temp": 60,
+                                                 "compute": [{"pid": child.pid, "used": "rss"}]}]}))
+    env = fake_nvml_env(scenario)
+    env["TERM"] = "xterm-256color"
+    tmux = tmux_session(gpuscope_cmd() + ["--pid", str(child.pid), "--refresh", "0.5"], env={k: env[k] for k in ("PYTHONPATH", "GPUSCOPE_FAKE_NVML", "TERM")})
+
+    def grown():
+        screen = tmux.screen()
+        line = next((ln for ln in screen.splitlines() if ln.strip().startswith(str(child.pid))), "")
+        return "▲" in line and screen
+    screen = wait_until(grown, timeout=60, interval=0.3, what="the child's row with a growth arrow")
+    assert f"PID {child.pid}" in screen  # the attached-process panel
+    assert "GPU0" in screen and "NVIDIA H200" in screen
+    assert "python" in screen and "threads" in screen
+
+    tmux.keys("?")
+    wait_until(lambda: "gpuscope — keys" in tmux.screen(), timeout=20, what="the help screen")
+    tmux.keys("Escape")
+    wait_until(lambda: "gpuscope — keys" not in tmux.screen(), timeout=20, what="help to close")
+    tmux.keys("q")
+    wait_until(tmux.dead, timeout=20, what="gpuscope to exit on q")
+    assert child.poll() is None  # quitting the console never touches the attached process
+
+
+def test_no_such_pid_in_a_terminal_is_one_line(tmux_session, spawn_python):
+    child = spawn_python(LEAKER)
+    child.kill()
+    child.wait()
+    # As from an interactive shell: the shell outlives gpuscope, so its last words stay on screen
+    # (a pane whose command exits at once can lose its final output in tmux).
+    line = shlex.join(gpuscope_cmd() + ["--pid", str(child.pid)])
+    tmux = tmux_session(["sh", "-c", f'{line}; echo "[exit $?]"; sleep 2'], size=(80, 24))
+    screen = wait_until(lambda: "[exit" in tmux.screen() and tmux.screen(), timeout=20, what="gpuscope to exit")
+    lines = [ln for ln in screen.splitlines() if ln.strip()]
+    assert lines == [f"gpuscope: no process with PID {child.pid}; list running ones with 'gpuscope ps'", "[exit 1]"]
