@@ -88,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.theme is not None:
+            theme_check(args.theme)
         if args.command == "ps":
             return cmd_ps(args)
         if args.command == "demo":
@@ -121,6 +123,14 @@ def attach_check(pid: int) -> None:
         raise Failure(
             f"no permission to read process {pid}: run gpuscope as the user who owns it, or as root"
         ) from None
+
+
+def theme_check(name: str) -> None:
+    from gpuscope.theme_files import load_themes
+
+    themes, _ = load_themes()
+    if name not in themes:
+        raise UsageError(f"unknown theme {name!r}; available: {', '.join(sorted(themes))}")
 
 
 def terminal_check() -> None:

@@ -128,3 +128,34 @@ def test_ps_json_end_to_end_with_gpu_processes(tmp_path, spawn_python):
     }
     assert rows[0]["rss_bytes"] > 0 and str(child.args[1]) in rows[0]["command"]
     assert all(set(r) == {"pid", "user", "gpu", "gpu_memory_bytes", "rss_bytes", "cpu_percent", "command"} for r in rows)
+
+
+def test_a_hung_nvml_never_stops_host_frames_or_piles_up_threads(fake_nvml, monkeypatch):
+    import threading
+
+    from helpers import wait_until
+
+    fake_nvml.configure({"devices": [device()]})
+    release = threading.Event()
+    real_memory_info = fake_nvml.nvmlDeviceGetMemoryInfo
+
+    def hung(handle, version=None):
+        release.wait(30)  # a wedged GPU: the call does not return
+        return real_memory_info(handle)
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetMemoryInfo", hung)
+    frames = []
+    source = NodeSource(interval=0.05, read_timeout=0.3)
+    before = threading.active_count()
+    source.start(frames.append)
+    try:
+        stale = wait_until(lambda: [f for f in frames if any("GPU data is stale" in n for n in f.notices)],
+                           timeout=30, what="a notice that NVML is not answering")
+        count = len(frames)
+        wait_until(lambda: len(frames) > count + 5, timeout=30, what="host frames to keep coming")
+        assert "nvml has not answered" in next(n for n in stale[0].notices if "stale" in n)
+        assert threading.active_count() <= before + 3  # ticker + two pollers, however many ticks
+        assert fake_nvml.CALLS.count("nvmlDeviceGetName") == 1  # one read in flight, no second one
+    finally:
+        release.set()
+        source.stop()
