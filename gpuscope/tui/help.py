@@ -11,7 +11,7 @@ from textual.widgets import Static
 HELP = """\
 [b]gpuscope — keys[/b]
 
-  ↑ ↓ PgUp PgDn   move in the process table (charts the selected process)
+  ↑ ↓ PgUp PgDn   move in the table (charts the selected process)
   Enter           attach to the selected process (details + chart)
   Esc             detach / close this help / clear the filter
   /               filter processes by command, user or PID
