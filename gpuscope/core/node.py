@@ -282,25 +282,24 @@ class NodeSource:
         return tuple(notices)
 
     def _chart(self, snap: HostSnapshot) -> MemorySeries | None:
-        pid = self._selected
-        if pid is None:
+        if self._selected is None:
             return None
-        proc = next((p for p in snap.processes if p.pid == pid), None)
-        if proc is None:
-            # The process left the table (or exited): keep charting what was recorded of it.
-            keys = [k for k in self.store.keys() if k[0] == "rss" and k[1] == pid]
-            if not keys:
-                return None
-            create_time = max(k[2] for k in keys)
-        else:
-            create_time = proc.create_time
-        t0 = snap.time - CHART_WINDOW_S
+        return self.history(self._selected, CHART_WINDOW_S, now=snap.time)
+
+    def history(self, pid: int, seconds: float, now: float | None = None) -> MemorySeries | None:
+        """What was recorded of `pid`'s memory over the last `seconds` (also once it has exited)."""
+        now = self._clock() if now is None else now
+        starts = [k[2] for k in self.store.keys() if k[0] == "rss" and k[1] == pid]
+        if not starts:
+            return None
+        create_time = max(starts)  # the newest process to have had this PID
+        t0 = now - seconds
         times, rss = self.store.window(("rss", pid, create_time), t0)
         gtimes, gpu = self.store.window(("gpu", pid, create_time), t0)
         by_time = dict(zip(gtimes, gpu))
         return MemorySeries(
             pid=pid,
-            ages=tuple(snap.time - t for t in times),
+            ages=tuple(now - t for t in times),
             gpu_bytes=tuple(_none_if_nan(by_time.get(t)) for t in times),
             rss_bytes=tuple(_none_if_nan(v) for v in rss),
         )

@@ -77,10 +77,13 @@ class GpuScopeApp(App):
             self.notify(problem, title="theme file skipped", severity="warning")
         self.query_one(ProcessTable).growth_style = f"bold {self.theme_variables.get('gpuscope-growth', 'yellow')}"
         self.query_one(ProcessTable).focus()
-        try:  # a lost terminal ends the console cleanly (children and journal are closed on exit)
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+        # A lost terminal (SIGHUP) or a polite kill (SIGTERM) ends the console the normal way, so
+        # the terminal is restored and whoever started it gets to clean up after it.
+        for signum in (signal.SIGHUP, signal.SIGTERM):
+            try:
+                asyncio.get_running_loop().add_signal_handler(signum, self.exit)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
         self.source.start(lambda frame: self.post_message(FrameReady(frame)))
         self._started = True
 
