@@ -153,3 +153,18 @@ async def test_chart_plots_gpu_and_rss_against_seconds_ago():
         drawn = chart.plt.build()
         assert "PID 4242: GPU GiB (left), RSS GiB (right)" in drawn and "seconds ago" in drawn
         assert "GPU" in drawn and "RSS" in drawn
+
+
+async def test_every_action_is_in_the_command_palette():
+    source = FakeSource(frame())
+    app = GpuScopeApp(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        titles = {c.title: c for c in app.get_system_commands(app.screen)}
+        for title in ("Help", "Filter processes", "Sort: memory", "Sort: growth", "Sort: CPU", "Sort: GPU first",
+                      "Attach to the selected process", "Detach", "Quit"):
+            assert title in titles
+        titles["Sort: CPU"].callback()
+        assert app.query_one(ProcessTable).sort_name == "cpu"
+        titles["Attach to the selected process"].callback()
+        assert source.focused == [4242]

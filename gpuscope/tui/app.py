@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterable
+from functools import partial
 
 from textual import on
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.theme import Theme
@@ -54,6 +56,21 @@ class GpuScopeApp(App):
         self._theme_name = theme or DEFAULT_THEME
         self.frame: Frame | None = None
         self._started = False
+
+    def get_system_commands(self, screen) -> Iterable[SystemCommand]:
+        """Every key's action is also in the command palette (Ctrl+P): the mouse and keys are optional."""
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Help", "Keys and what the columns mean", self.action_help)
+        yield SystemCommand("Filter processes", "Filter by command, user or PID", self.action_filter)
+        for name, (label, _) in SORTS.items():
+            yield SystemCommand(f"Sort: {label}", f"Order the process table by {label}", partial(self.action_sort, name))
+        yield SystemCommand("Attach to the selected process", "Details and chart of that process", self._attach_selected)
+        yield SystemCommand("Detach", "Stop following the attached process", partial(self.source.focus, None))
+
+    def _attach_selected(self) -> None:
+        row = self.query_one(ProcessTable).selected_row
+        if row is not None:
+            self.source.focus(row.pid)
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return dict(VARIABLE_DEFAULTS)
@@ -141,9 +158,7 @@ class GpuScopeApp(App):
 
     @on(DataTable.RowSelected, "#processes")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
-        row = self.query_one(ProcessTable).selected_row
-        if row is not None:
-            self.source.focus(row.pid)
+        self._attach_selected()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
