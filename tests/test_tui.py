@@ -9,24 +9,24 @@ from gpuscope.tui.devices import DevicesPanel
 from gpuscope.tui.detail import ProcessPanel
 from gpuscope.tui.help import HelpScreen
 from gpuscope.tui.processes import ProcessTable
+from gpuscope.tui.textlines import TextLines
 
 from frames import FakeSource, frame, no_nvml_frame, rows
 
 
 def table_pids(app) -> list[int]:
-    table = app.query_one(ProcessTable)
-    return [int(table.get_row(r.key)[0].plain) for r in table.ordered_rows]
+    return [r.pid for r in app.query_one(ProcessTable).order]
 
 
 def cell(app, key: str, column: str) -> str:
-    return app.query_one(ProcessTable).get_cell(key, column).plain
+    return app.query_one(ProcessTable).cell(key, column)
 
 
 async def test_frames_fill_devices_table_and_detail():
     app = GpuScopeApp(FakeSource(frame()))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        devices = str(app.query_one(DevicesPanel).render())
+        devices = app.query_one(DevicesPanel).plain
         assert "GPU0" in devices and "NVIDIA H200" in devices and "63.0G/141.0G" in devices and "97%" in devices
         assert "HOST" in devices and "gpu-node-7" in devices
         assert table_pids(app)[:3] == [4242, 4243, 5100]  # GPU processes first, by GPU memory
@@ -34,7 +34,7 @@ async def test_frames_fill_devices_table_and_detail():
         assert cell(app, "5100:1", "gpu_mem") == "N/A"  # not available is never 0
         assert cell(app, "4242:0", "growth") == "▲+3.10"
         assert "--api-key ***" in cell(app, "4242:0", "command")
-        detail = str(app.query_one(ProcessPanel).render())
+        detail = app.query_one(ProcessPanel).text.plain
         assert "PID 4242" in detail and "3.11.9" in detail and "/srv/vllm" in detail and "48" in detail
 
 
@@ -42,11 +42,11 @@ async def test_without_nvml_one_line_says_so_and_host_memory_carries_on():
     app = GpuScopeApp(FakeSource(no_nvml_frame()))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        devices = str(app.query_one(DevicesPanel).render())
+        devices = app.query_one(DevicesPanel).plain
         assert devices.count("NVML unavailable") == 1 and "showing host memory only" in devices
         assert "HOST" in devices
         assert sorted(table_pids(app)) == [777, 9001]
-        assert "no NVML" in str(app.query_one("#title", Static).render())
+        assert "no NVML" in app.query_one("#title", TextLines).text.plain
 
 
 async def test_device_errors_and_notices_are_shown_with_a_symbol():
@@ -55,7 +55,7 @@ async def test_device_errors_and_notices_are_shown_with_a_symbol():
     app = GpuScopeApp(FakeSource(f))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        devices = str(app.query_one(DevicesPanel).render())
+        devices = app.query_one(DevicesPanel).plain
         assert "✖ GPU is lost" in devices and "! 2 GPU process(es)" in devices
 
 
@@ -75,31 +75,37 @@ async def test_sorting_keys_reorder_and_the_cursor_follows_the_process():
         assert table_pids(app)[0] == 4242 and table_pids(app)[-1] == 777
         await pilot.press("o")
         assert table_pids(app)[:3] == [4242, 4243, 5100]
-        assert "sort: GPU first" in str(app.query_one("#title", Static).render())
+        assert "sort: GPU first" in app.query_one("#title", TextLines).text.plain
 
 
-async def test_rows_update_in_place_only_where_cells_changed():
+async def test_a_changed_number_repaints_only_its_cells():
     source = FakeSource(frame())
     app = GpuScopeApp(source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         table = app.query_one(ProcessTable)
-        calls = {"update": [], "add": 0, "remove": 0, "clear": 0}
-        orig_update, orig_add, orig_remove, orig_clear = table.update_cell, table.add_row, table.remove_row, table.clear
-        table.update_cell = lambda k, c, v, **kw: (calls["update"].append((k, c)), orig_update(k, c, v, **kw))[1]
-        table.add_row = lambda *a, **kw: (calls.__setitem__("add", calls["add"] + 1), orig_add(*a, **kw))[1]
-        table.remove_row = lambda k: (calls.__setitem__("remove", calls["remove"] + 1), orig_remove(k))[1]
-        table.clear = lambda *a, **kw: (calls.__setitem__("clear", calls["clear"] + 1), orig_clear(*a, **kw))[1]
+        repaints: dict[str, list] = {}
+        for column in table.query(TextLines):
+            original = column.refresh
+
+            def spy(*regions, _id=column.id, _original=original, **kw):
+                repaints.setdefault(_id, []).append(regions)
+                return _original(*regions, **kw)
+
+            column.refresh = spy
 
         changed = list(rows())
-        changed[1] = replace(changed[1], cpu_percent=55.0)  # one cell of one row
+        changed[1] = replace(changed[1], cpu_percent=55.0)  # one number of one row
         source.send(frame(processes=tuple(changed)))
         await pilot.pause()
-        assert calls == {"update": [("4243:1", "cpu")], "add": 0, "remove": 0, "clear": 0}
+        assert cell(app, "4243:1", "cpu") == "55"
+        # Only the CPU column repaints, and only the span of that one line (row 2 under the header).
+        assert list(repaints) == ["col-cpu"]
+        [[region]] = repaints["col-cpu"]
+        assert (region.y, region.height) == (2, 1) and region.width <= 6
 
         source.send(frame(processes=tuple(changed[:-1])))  # a process exited
         await pilot.pause()
-        assert calls["remove"] == 1 and calls["add"] == 0 and calls["clear"] == 0
         assert 9001 not in table_pids(app)
 
 
@@ -113,7 +119,7 @@ async def test_filter_by_command_user_or_pid_and_escape_clears_it():
         assert table_pids(app) == [5100]
         await pilot.press("enter")  # keep the filter, back to the table
         assert app.query_one(ProcessTable).has_focus and table_pids(app) == [5100]
-        assert "filter: alice" in str(app.query_one("#title", Static).render())
+        assert "filter: alice" in app.query_one("#title", TextLines).text.plain
         await pilot.press("escape")
         assert len(table_pids(app)) == 5
 

@@ -17,7 +17,8 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.theme import Theme
-from textual.widgets import DataTable, Footer, Input, Static
+from rich.text import Text
+from textual.widgets import Footer, Input
 
 from gpuscope import __version__
 from gpuscope.core.model import Frame
@@ -29,6 +30,7 @@ from gpuscope.tui.devices import DevicesPanel
 from gpuscope.tui.help import HelpScreen
 from gpuscope.tui.messages import FrameReady
 from gpuscope.tui.processes import SORTS, ProcessTable
+from gpuscope.tui.textlines import TextLines
 
 
 def textual_theme(spec: ThemeSpec) -> Theme:
@@ -76,7 +78,9 @@ class GpuScopeApp(App):
         return dict(VARIABLE_DEFAULTS)
 
     def compose(self) -> ComposeResult:
-        yield Static("gpuscope", id="title")
+        with Horizontal(id="title-bar"):
+            yield TextLines("gpuscope", id="title")
+            yield TextLines("", id="clock")  # its own widget: the clock ticking resends 8 cells, not the bar
         yield DevicesPanel(id="devices")
         yield ProcessTable(id="processes")
         with Horizontal(id="bottom"):
@@ -140,25 +144,19 @@ class GpuScopeApp(App):
         if table.filter_text:
             parts.append(f"filter: {table.filter_text}")
         parts.append(frame.source)
-        parts.append(time.strftime("%H:%M:%S", time.localtime(frame.time)))
-        self.query_one("#title", Static).update(" · ".join(parts))
-
-    def _rerender(self) -> None:
-        if self.frame is not None:
-            self.query_one(ProcessTable).show(self.frame.processes)
-            self._show_title(self.frame)
+        self.query_one("#title", TextLines).set_text(Text(" · ".join(parts)))
+        # Minutes only: a seconds clock would cost a repaint every tick for no information
+        # (the numbers themselves show the console is live).
+        self.query_one("#clock", TextLines).set_text(Text(time.strftime("%H:%M", time.localtime(frame.time))))
 
     # -- input -------------------------------------------------------------------------------------
 
-    @on(DataTable.RowHighlighted, "#processes")
-    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        row = self.query_one(ProcessTable).selected_row
-        if row is not None and (self.frame is None or row.pid != self.frame.selected_pid):
-            self.source.select(row.pid)
+    def on_process_table_highlighted(self, event: ProcessTable.Highlighted) -> None:
+        if self.frame is None or event.row.pid != self.frame.selected_pid:
+            self.source.select(event.row.pid)
 
-    @on(DataTable.RowSelected, "#processes")
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
-        self._attach_selected()
+    def on_process_table_selected(self, event: ProcessTable.Selected) -> None:
+        self.source.focus(event.row.pid)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -175,8 +173,9 @@ class GpuScopeApp(App):
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
-        self.query_one(ProcessTable).filter_text = event.value.strip()
-        self._rerender()
+        self.query_one(ProcessTable).set_filter(event.value.strip())
+        if self.frame is not None:
+            self._show_title(self.frame)
 
     @on(Input.Submitted, "#filter")
     def _filter_submitted(self, event: Input.Submitted) -> None:
@@ -185,9 +184,7 @@ class GpuScopeApp(App):
     def _close_filter(self, keep: bool) -> None:
         box = self.query_one("#filter", Input)
         if not keep:
-            box.value = ""
-            self.query_one(ProcessTable).filter_text = ""
-            self._rerender()
+            box.value = ""  # Input.Changed clears the table's filter
         box.remove_class("visible")
         self.query_one(ProcessTable).focus()
 

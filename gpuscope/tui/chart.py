@@ -1,18 +1,24 @@
 """The memory chart of the selected process: GPU memory and RSS against seconds ago.
 
 x is plain numbers (seconds before now): plotext's date helpers are broken with current plotext.
-Redraws are rate-limited, because a chart is the largest block of cells that changes every tick.
+The chart is the largest block of cells on screen, so it is redrawn at most every few seconds,
+and then only the spans of its lines that changed are sent to the terminal.
 """
 
 from __future__ import annotations
 
 import time
 
+from rich.text import Text
+from textual.geometry import Region
 from textual_plotext import PlotextPlot
 
 from gpuscope.core.model import MemorySeries
+from gpuscope.tui.textlines import cells_of, changed_span
 
-MIN_REDRAW_S = 2.0
+# Seconds between redraws: often while a process has just been chosen and the operator is
+# looking, then slower (the table's numbers move every tick; the chart is the trend).
+FAST_REDRAW_S, SLOW_REDRAW_S, FAST_FOR_S = 2.0, 10.0, 30.0
 
 
 def scale(values: list[float]) -> tuple[float, str]:
@@ -29,18 +35,39 @@ class MemoryChart(PlotextPlot):
         super().__init__(**kwargs)
         self._series: MemorySeries | None = None
         self._drawn_at = 0.0
+        self._chosen_at = 0.0
         self._drawn_pid: int | None = None
+        self._text: Text | None = None
+        self._text_key: tuple | None = None  # (size, theme) the cached text was built for
         self.plt.title("Select a process to chart its memory")
 
     def show(self, series: MemorySeries | None, force: bool = False) -> None:
         now = time.monotonic()
         pid = series.pid if series else None
-        if not force and pid == self._drawn_pid and now - self._drawn_at < MIN_REDRAW_S:
-            return
+        if pid != self._drawn_pid:
+            self._chosen_at = now
+        elif not force:
+            wait = FAST_REDRAW_S if now - self._chosen_at < FAST_FOR_S else SLOW_REDRAW_S
+            if now - self._drawn_at < wait:
+                return
         self._series = series
         self._drawn_at = now
         self._drawn_pid = pid
         self.replot()
+
+    def _build(self) -> Text:
+        """What PlotextPlot.render() draws, kept so that a redraw can be diffed against it."""
+        width, height = self.size.width, self.size.height
+        self.plt.plotsize(width, height)
+        self.plt._set_size(width, height)  # see textual-plotext#5: plotsize alone is not enough
+        self.plt.theme(self._get_plotext_theme_name(self.app.theme))
+        self._text_key = (self.size, self.app.theme)
+        return Text.from_ansi(self.plt.build())
+
+    def render(self) -> Text:
+        if self._text is None or self._text_key != (self.size, self.app.theme):
+            self._text = self._build()
+        return self._text
 
     def replot(self) -> None:
         plt = self.plt
@@ -49,8 +76,12 @@ class MemoryChart(PlotextPlot):
         series = self._series
         if series is None or not series.ages:
             plt.title("Select a process to chart its memory")
-            self.refresh()
-            return
+        else:
+            self._plot_series(series)
+        self._repaint_changes()
+
+    def _plot_series(self, series: MemorySeries) -> None:
+        plt = self.plt
         gpu = [(-a, v) for a, v in zip(series.ages, series.gpu_bytes) if v is not None]
         rss = [(-a, v) for a, v in zip(series.ages, series.rss_bytes) if v is not None]
         # Each on its own axis (GPU left, RSS right): their sizes differ by orders of magnitude
@@ -66,4 +97,22 @@ class MemoryChart(PlotextPlot):
             parts.append(f"{name} {label}" + (f" ({side})" if gpu and rss else ""))
         plt.title(f"PID {series.pid}: {', '.join(parts)} — seconds ago")
         plt.xlim(min(-10.0, -max(series.ages)), 0)  # never a zero-width axis
-        self.refresh()
+
+    def _repaint_changes(self) -> None:
+        old = self._text
+        if old is None or not self.size.area or self._text_key != (self.size, self.app.theme):
+            self._text = None
+            self.refresh()
+            return
+        new = self._build()
+        self._text = new
+        console = self.app.console
+        width = self.size.width
+        old_lines, new_lines = old.split("\n"), new.split("\n")
+        if len(old_lines) != len(new_lines):
+            self.refresh()
+            return
+        for y, (a, b) in enumerate(zip(old_lines, new_lines)):
+            span = changed_span(cells_of(list(a.render(console))), cells_of(list(b.render(console))), width)
+            if span is not None:
+                self.refresh(Region(span[0], y, span[1] - span[0], 1))

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from gpuscope.core.model import Frame, ProcessRow
 from gpuscope.core.units import format_bytes, format_rate
+from gpuscope.tui.textlines import TextLines
 
 
-class ProcessPanel(Static):
+class ProcessPanel(TextLines):
     DEFAULT_CSS = """
-    ProcessPanel { width: 1fr; min-width: 28; padding: 0 1; }
+    ProcessPanel { width: 1fr; min-width: 28; height: 1fr; padding: 0 1; }
     """
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__("", **kwargs)
-        self._last = None
 
     def show(self, frame: Frame) -> None:
         d = frame.focus
@@ -38,10 +34,7 @@ class ProcessPanel(Static):
             text.append(f"cwd     {d.cwd or '(not readable)'}\n")
             text.append_text(_memory_lines(rows))
             text.append(f"cmd     {d.command}", style="dim")
-        key = (text.plain, tuple(str(s) for s in text.spans))
-        if key != self._last:
-            self._last = key
-            self.update(text)
+        self.set_text(text)
 
 
 def _memory_lines(rows: list[ProcessRow]) -> Text:

@@ -1,12 +1,18 @@
-"""The devices panel: one line per GPU, one for host memory, and any notices."""
+"""The devices panel: one line per GPU, one for host memory, and any notices.
+
+Names, bars and numbers are separate columns (widgets): a terminal update covers a whole widget's
+width on a line, so when only a number moves, only the numbers column is resent.
+"""
 
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
 
 from gpuscope.core.model import Frame
 from gpuscope.core.units import format_bytes
+from gpuscope.tui.textlines import TextLines
 
 
 def bar(used: int | None, total: int | None, width: int) -> Text:
@@ -22,50 +28,72 @@ def percent(used: int | None, total: int | None) -> str:
     return f"{100 * used / total:3.0f}%" if used is not None and total else "  - "
 
 
-class DevicesPanel(Static):
+def lines(parts: list[Text]) -> Text:
+    return Text("\n").join(parts)
+
+
+class DevicesPanel(Vertical):
     DEFAULT_CSS = """
     DevicesPanel { height: auto; padding: 0 1; }
+    DevicesPanel > Horizontal { height: auto; }
+    DevicesPanel #dev-names { width: auto; padding-right: 1; }
+    DevicesPanel #dev-bars { width: 1fr; max-width: 40; }
+    DevicesPanel #dev-numbers { width: auto; padding-left: 1; }
+    DevicesPanel .empty { display: none; }
     """
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__("", **kwargs)
-        self._last: tuple | None = None
+    def compose(self) -> ComposeResult:
+        yield TextLines(id="nvml-status", classes="empty")
+        with Horizontal():
+            yield TextLines(wrap=False, id="dev-names")
+            yield TextLines(wrap=False, id="dev-bars")
+            yield TextLines(wrap=False, id="dev-numbers")
+        yield TextLines(id="notices", classes="empty")
+
+    @property
+    def plain(self) -> str:
+        """The panel as a reader sees it, line by line (for tests and reports)."""
+        names, bars, numbers = (self.query_one(f"#{i}", TextLines).text.plain.split("\n")
+                                for i in ("dev-names", "dev-bars", "dev-numbers"))
+        rows = [f"{n} {b} {v}" for n, b, v in zip(names, bars, numbers)]
+        extra = [self.query_one(f"#{i}", TextLines).text.plain for i in ("nvml-status", "notices")]
+        return "\n".join([extra[0], *rows, extra[1]]).strip("\n")
 
     def show(self, frame: Frame) -> None:
-        width = (self.size.width or 80) - 2  # minus padding
-        name_width = 22 if width >= 110 else 12
-        # label + bar + " 63.0G/141.0G   45%  util  97% 64°C": the bar takes what is left.
-        bar_width = max(6, min(40, width - (6 + name_width + 1) - 36))
-        text = Text()
-        if frame.nvml.status:
-            text.append("⚠ ", style="bold yellow")
-            text.append(f"{frame.nvml.status} — showing host memory only\n", style="yellow")
+        wide = self.size.width >= 110
+        name_width = 22 if wide else 12
+        bar_width = max(6, self.query_one("#dev-bars").size.width or 20)
+        names: list[Text] = []
+        bars: list[Text] = []
+        numbers: list[Text] = []
         for d in frame.nvml.devices:
-            label = f"GPU{d.index:<2} {d.name[:name_width]:<{name_width}} "
-            text.append(label)
+            names.append(Text(f"GPU{d.index:<2} {d.name[:name_width]:<{name_width}}"))
             if d.error:
-                text.append(f"✖ {d.error}\n", style="bold red")
+                bars.append(Text(f"✖ {d.error}", style="bold red", no_wrap=True, overflow="ellipsis"))
+                numbers.append(Text(""))
                 continue
             util = "N/A" if d.utilization is None else f"{d.utilization}%"
             temp = "" if d.temperature is None else f" {d.temperature}°C"
-            text.append_text(bar(d.memory_used, d.memory_total, bar_width))
-            text.append(
-                f" {format_bytes(d.memory_used):>6}/{format_bytes(d.memory_total):<6}"
-                f" {percent(d.memory_used, d.memory_total)} util {util:>4}{temp}\n"
-            )
+            bars.append(bar(d.memory_used, d.memory_total, bar_width))
+            numbers.append(Text(
+                f"{format_bytes(d.memory_used):>6}/{format_bytes(d.memory_total):<6}"
+                f" {percent(d.memory_used, d.memory_total)} util {util:>4}{temp}"
+            ))
         host = frame.host
         if host is not None:
-            text.append(f"HOST  {frame.hostname[:name_width]:<{name_width}} ")
-            text.append_text(bar(host.used, host.total, bar_width))
-            text.append(f" {format_bytes(host.used):>6}/{format_bytes(host.total):<6} {percent(host.used, host.total)}\n")
-        for notice in frame.notices:
-            text.append("! ", style="bold yellow")
-            text.append(notice + "\n", style="yellow")
-        text.rstrip()
-        key = (text.plain, tuple(str(s) for s in text.spans), bar_width)
-        if key != self._last:  # repaint only when the text changed
-            self._last = key
-            self.update(text)
+            names.append(Text(f"HOST  {frame.hostname[:name_width]:<{name_width}}"))
+            bars.append(bar(host.used, host.total, bar_width))
+            numbers.append(Text(f"{format_bytes(host.used):>6}/{format_bytes(host.total):<6} {percent(host.used, host.total)}"))
+        self.query_one("#dev-names", TextLines).set_text(lines(names))
+        self.query_one("#dev-bars", TextLines).set_text(lines(bars))
+        self.query_one("#dev-numbers", TextLines).set_text(lines(numbers))
 
-    def on_resize(self) -> None:
-        self._last = None  # the bar width depends on the width: redraw at the next frame
+        status = Text()
+        if frame.nvml.status:
+            status.append("⚠ ", style="bold yellow")
+            status.append(f"{frame.nvml.status} — showing host memory only", style="yellow")
+        notices = lines([Text.assemble(("! ", "bold yellow"), (n, "yellow")) for n in frame.notices])
+        for widget_id, text in (("nvml-status", status), ("notices", notices)):
+            widget = self.query_one(f"#{widget_id}", TextLines)
+            widget.set_class(not text.plain, "empty")
+            widget.set_text(text)

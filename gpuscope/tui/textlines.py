@@ -1,0 +1,136 @@
+"""A block of text that repaints only the cells that changed.
+
+A Static repaints its whole region whenever its text changes, so a panel whose clock or RSS
+ticks every second resends every line of it over SSH. TextLines keeps the rendered cells of each
+line and, on an update, asks Textual to repaint just the span between the first and the last cell
+that differ on each changed line; the rest of the panel costs no bytes at all.
+"""
+
+from __future__ import annotations
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Region, Size
+from textual.strip import Strip
+from textual.widget import Widget
+
+Cells = tuple[tuple[str, Style | None], ...]
+
+
+def cells_of(segments: list[Segment]) -> Cells | None:
+    """One (character, style) per terminal cell; None if a character is not one cell wide."""
+    out: list[tuple[str, Style | None]] = []
+    for seg in segments:
+        if seg.cell_length != len(seg.text):
+            return None
+        out.extend((ch, seg.style) for ch in seg.text)
+    return tuple(out)
+
+
+def changed_span(old: Cells | None, new: Cells | None, width: int) -> tuple[int, int] | None:
+    """The [start, end) columns that differ between two rendered lines, or None if none do."""
+    if old is None or new is None:
+        return (0, width)
+    if old == new:
+        return None
+    blank = (" ", None)  # past its end a line is painted blank
+    differ = [
+        i for i in range(min(width, max(len(old), len(new))))
+        if (old[i] if i < len(old) else blank) != (new[i] if i < len(new) else blank)
+    ]
+    return (differ[0], differ[-1] + 1) if differ else None
+
+
+class TextLines(Widget):
+    DEFAULT_CSS = """
+    TextLines { height: auto; }
+    """
+
+    def __init__(self, text: Text | str = "", *, wrap: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._text = Text(text) if isinstance(text, str) else text
+        self.wrap = wrap  # False: one line per "\n"-separated line, cropped to the width
+        self._strips: list[Strip] = []
+        self._cells: list[Cells | None] = []
+        self._width = 0
+        self._auto_width = -1
+
+    @property
+    def text(self) -> Text:
+        return self._text
+
+    @property
+    def lines(self) -> list[str]:
+        """The wrapped lines as plain text (what a reader sees)."""
+        return ["".join(seg.text for seg in strip) for strip in self._strips]
+
+    def set_text(self, text: Text) -> None:
+        if text == self._text:  # same characters and styles: nothing to lay out or send
+            return
+        self._text = text
+        self._rebuild(diff=True)
+
+    def on_resize(self) -> None:
+        self._rebuild(diff=False)
+
+    def _content_width(self) -> int:
+        return max((line.cell_len for line in self._text.split("\n")), default=0)
+
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        return self._content_width()
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width != self._width:
+            self._width = width
+            self._wrap(width)
+        return max(1, len(self._strips))
+
+    def _wrap(self, width: int) -> tuple[list[Strip], list[Cells | None]]:
+        console = self.app.console
+        strips: list[Strip] = []
+        cells: list[Cells | None] = []
+        if self.wrap:
+            wrapped = list(self._text.wrap(console, max(1, width), no_wrap=False))
+        else:
+            wrapped = self._text.split("\n", allow_blank=True)
+        for line in wrapped:
+            line.end = ""
+            if not self.wrap and line.cell_len > width:
+                # Only text that does not fit earns an ellipsis; trailing padding is just cut.
+                overflow = "crop" if not line.plain[width:].strip() else "ellipsis"
+                line.truncate(width, overflow=overflow)
+            segments = list(line.render(console))
+            strips.append(Strip(segments, line.cell_len))
+            cells.append(cells_of(segments))
+        self._strips, self._cells = strips, cells
+        return strips, cells
+
+    def _rebuild(self, diff: bool) -> None:
+        width = self.size.width or self._width
+        if not width:
+            self.refresh(layout=True)
+            return
+        old_cells = self._cells
+        self._width = width
+        _, cells = self._wrap(width)
+        if self.styles.width is not None and self.styles.width.is_auto:
+            content_width = self._content_width()
+            if content_width != self._auto_width:
+                self._auto_width = content_width
+                self.refresh(layout=True)  # an auto-width widget whose text changed width
+                return
+        if not diff or len(cells) != len(old_cells):
+            self.refresh(layout=len(cells) != len(old_cells))
+            return
+        for y, (old, new) in enumerate(zip(old_cells, cells)):
+            span = changed_span(old, new, width)
+            if span is not None:
+                self.refresh(Region(span[0], y, span[1] - span[0], 1))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        style = self.rich_style
+        if y >= len(self._strips):
+            return Strip.blank(width, style)
+        return self._strips[y].apply_style(style).crop_extend(0, width, style)
