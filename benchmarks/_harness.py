@@ -325,3 +325,15 @@ def machine() -> dict[str, object]:
     except AttributeError:
         pass
     return info
+
+
+def run_script(main: Callable[[], int]) -> None:
+    """Run a benchmark's main(): Ctrl-C and a closed pipe end it quietly (cleanup has run)."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; everything started was stopped", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:  # `... | head`: the reader left (everything was already stopped)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

@@ -30,7 +30,6 @@ Everything started (tmux servers, the child, gpuscope) is killed on exit, error 
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from _harness import (
     machine,
     print_table,
     quote,
+    run_script,
     summary,
     wait_for,
 )
@@ -198,11 +198,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; everything started was stopped", file=sys.stderr)
-        sys.exit(130)
-    except BrokenPipeError:  # `... | head`: the reader left (everything was already stopped)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+    run_script(main)

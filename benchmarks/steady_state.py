@@ -38,10 +38,8 @@ Everything started (tmux servers, script, the tools, the children) is killed on 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -58,6 +56,7 @@ from _harness import (
     machine,
     print_table,
     quote,
+    run_script,
     require_tool,
     wait_for,
 )
@@ -296,11 +295,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; everything started was stopped", file=sys.stderr)
-        sys.exit(130)
-    except BrokenPipeError:  # `... | head`: the reader left (everything was already stopped)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+    run_script(main)

@@ -17,12 +17,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from urllib.parse import urlencode
 
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from helpers import wait_until
 
 PY = sys.executable
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -30,17 +32,6 @@ STAGES = {"retriever", "reranker", "llm"}
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-
-def wait_for(condition: Callable[[], object], deadline_s: float, what: str, step: float = 0.2) -> object:
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
-        time.sleep(step)
 
 
 def read_lines(stream) -> queue.Queue:
@@ -197,7 +188,8 @@ def test_leak_grows_rss_under_load(service):
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
-        wait_for(lambda: target.memory_info().rss - start_rss > 5 * 1024 * 1024, 60, "the service's RSS to grow by 5 MB")
+        wait_until(lambda: target.memory_info().rss - start_rss > 5 * 1024 * 1024, timeout=60, interval=0.2,
+                   what="the service's RSS to grow by 5 MB")
         assert state(url)["cache_entries"] > 0
     finally:
         stop(load)
@@ -287,7 +279,7 @@ def test_child_exits_when_its_parent_is_killed(module):
         assert not gone(child)
         middle.kill()  # SIGKILL: the launcher gets no chance to stop its child
         middle.wait(10)
-        wait_for(lambda: gone(child), 20, f"{module} (PID {child}) to exit after its parent died")
+        wait_until(lambda: gone(child), timeout=20, interval=0.2, what=f"{module} (PID {child}) to exit after its parent died")
     finally:
         stop(middle)
         if child is not None and not gone(child):

@@ -23,7 +23,7 @@ def test_detail_of_a_python_child(spawn_python):
 
 def test_check_attachable_refuses_missing_and_forbidden(spawn_python, monkeypatch):
     child = spawn_python(IDLER)
-    assert check_attachable(child.pid).is_python
+    assert check_attachable(child.pid).pid == child.pid
     child.kill()
     child.wait()
     with pytest.raises(ProcessGone):

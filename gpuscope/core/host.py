@@ -194,7 +194,7 @@ class HostCollector:
 
     # -- the attached process -------------------------------------------------------------------
 
-    def detail(self, pid: int) -> ProcessDetail:
+    def detail(self, pid: int, python_version: bool = True) -> ProcessDetail:
         """Everything shown about an attached process. Raises ProcessGone / ProcessForbidden."""
         try:
             proc = psutil.Process(pid)
@@ -211,7 +211,6 @@ class HostCollector:
             raise ProcessGone(pid) from None
         except psutil.AccessDenied:
             raise ProcessForbidden(pid) from None
-        python_version = self.python_version(pid, name, exe)
         return ProcessDetail(
             pid=pid,
             user=user,
@@ -219,7 +218,7 @@ class HostCollector:
             exe=exe,
             cwd=cwd,
             threads=threads,
-            python_version=python_version,
+            python_version=self.python_version(pid, name, exe) if python_version else None,
             status=status,
             create_time=create_time,
         )
@@ -277,30 +276,8 @@ def _libpython_version(pid: int) -> str | None:
     return None
 
 
-def check_attachable(pid: int) -> HostProcess:
+def check_attachable(pid: int) -> ProcessDetail:
     """Validate `--pid` before any console starts. Raises ProcessGone / ProcessForbidden."""
     if pid <= 0:
         raise ProcessGone(pid)
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            create_time = proc.create_time()
-            name = proc.name()
-            rss = proc.memory_info().rss
-            args = proc.cmdline()
-            exe = _optional(proc.exe)
-            user = _optional(proc.username)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        raise ProcessGone(pid) from None
-    except psutil.AccessDenied:
-        raise ProcessForbidden(pid) from None
-    return HostProcess(
-        pid=pid,
-        create_time=create_time,
-        user=user,
-        name=name,
-        command=redact_command(args) if args else f"[{name}]",
-        rss_bytes=rss,
-        cpu_percent=None,
-        is_python=is_python(name, exe),
-    )
+    return HostCollector().detail(pid, python_version=False)

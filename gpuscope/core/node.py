@@ -223,6 +223,8 @@ class NodeSource:
         for p in snap.processes:
             self.store.add(("rss", p.pid, p.create_time), snap.time, p.rss_bytes)
             mine = uses.get(p.pid, [])
+            if not mine:
+                continue  # no GPU series for host-only processes (the chart reads N/A)
             for u in mine:
                 self.store.add(("gpu", p.pid, p.create_time, u.device), snap.time, u.memory)
             known = [u.memory for u in mine if u.memory is not None]

@@ -1,8 +1,8 @@
-"""A bounded time-series store: one fixed-size ring per series, a cap on the number of series.
+"""A bounded time-series store: one ring per series, a cap on the number of series.
 
-Memory per tracked series is constant (two preallocated arrays of doubles) however long gpuscope
-runs; series that stop receiving samples are dropped after `idle_ttl` seconds, and when more than
-`max_series` are live the least recently updated go first.
+Memory per tracked series is bounded (at most `capacity` samples of two doubles) however long
+gpuscope runs; series that stop receiving samples are dropped after `idle_ttl` seconds, and when
+more than `max_series` are live the least recently updated go first.
 """
 
 from __future__ import annotations
@@ -16,46 +16,49 @@ MISSING = math.nan  # a sample that could not be read (N/A) is stored as NaN
 
 
 class Ring:
-    """A fixed-capacity ring of (time, value) samples, oldest first when read."""
+    """A ring of (time, value) samples holding at most `capacity`, oldest first when read.
 
-    __slots__ = ("_times", "_values", "_start", "_size", "capacity")
+    The arrays grow with the samples until the ring is full, so a process seen for a few
+    seconds costs a few samples, not a whole preallocated ring.
+    """
+
+    __slots__ = ("_times", "_values", "_start", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 2:
             raise ValueError("a ring needs room for at least two samples")
         self.capacity = capacity
-        self._times = array("d", bytes(8 * capacity))
-        self._values = array("d", bytes(8 * capacity))
-        self._start = 0
-        self._size = 0
+        self._times = array("d")
+        self._values = array("d")
+        self._start = 0  # index of the oldest sample once the ring is full
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._times)
 
     def append(self, t: float, value: float | None) -> None:
         v = MISSING if value is None else float(value)
-        if self._size < self.capacity:
-            i = (self._start + self._size) % self.capacity
-            self._size += 1
-        else:
-            i = self._start
-            self._start = (self._start + 1) % self.capacity
+        if len(self._times) < self.capacity:
+            self._times.append(t)
+            self._values.append(v)
+            return
+        i = self._start
         self._times[i] = t
         self._values[i] = v
+        self._start = (i + 1) % self.capacity
 
     def last_time(self) -> float | None:
-        if not self._size:
+        if not self._times:
             return None
-        return self._times[(self._start + self._size - 1) % self.capacity]
+        return self._times[(self._start - 1) % len(self._times)]
 
     def since(self, t0: float) -> tuple[list[float], list[float]]:
         """Samples with time >= t0, oldest first (values may be NaN)."""
         times: list[float] = []
         values: list[float] = []
-        cap = self.capacity
+        size = len(self._times)
         # Walk backwards from the newest sample: windows are short compared with the ring.
-        for k in range(self._size - 1, -1, -1):
-            i = (self._start + k) % cap
+        for k in range(size - 1, -1, -1):
+            i = (self._start + k) % size
             t = self._times[i]
             if t < t0:
                 break
