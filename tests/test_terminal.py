@@ -6,6 +6,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from helpers import LEAKER, ROOT, fake_nvml_env, gpuscope_cmd, require_tool, wait_until
@@ -96,3 +97,34 @@ def test_no_such_pid_in_a_terminal_is_one_line(tmux_session, spawn_python):
     screen = wait_until(lambda: "[exit" in tmux.screen() and tmux.screen(), timeout=20, what="gpuscope to exit")
     lines = [ln for ln in screen.splitlines() if ln.strip()]
     assert lines == [f"gpuscope: no process with PID {child.pid}; list running ones with 'gpuscope ps'", "[exit 1]"]
+
+
+def demo_children(pane_pid: int) -> list[psutil.Process]:
+    try:
+        kids = psutil.Process(pane_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in kids if any("gpuscope.demo." in a for a in _cmdline(p))]
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("ending", ["ctrl-c", "lost terminal"])
+def test_demo_console_stops_everything_it_started(tmux_session, ending):
+    tmux = tmux_session(gpuscope_cmd() + ["demo"], env={"TERM": "xterm-256color"})
+    pane_pid = int(tmux._run("display-message", "-p", "-t", "t", "#{pane_pid}").strip())
+    children = wait_until(lambda: len(demo_children(pane_pid)) == 2 and demo_children(pane_pid), timeout=60,
+                          what="the demo service and load generator")
+    service = next(p for p in children if "gpuscope.demo.service" in " ".join(p.cmdline()))
+    wait_until(lambda: f"PID {service.pid}" in tmux.screen(), timeout=60, what="the console attached to the service")
+    if ending == "ctrl-c":
+        tmux.keys("C-c")
+    else:
+        tmux.close()  # the terminal goes away: gpuscope gets SIGHUP
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"left running: {[p.pid for p in alive]}"

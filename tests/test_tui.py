@@ -151,6 +151,15 @@ async def test_help_opens_and_closes_and_q_quits():
     assert source.stopped
 
 
+async def test_ctrl_c_quits_even_from_the_filter_box():
+    source = FakeSource(frame())
+    app = GpuScopeApp(source)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("slash", "ctrl+c")
+    assert source.stopped and app.return_code == 0
+
+
 async def test_chart_plots_gpu_and_rss_against_seconds_ago():
     app = GpuScopeApp(FakeSource(frame()))
     async with app.run_test(size=(120, 40)) as pilot:
@@ -174,3 +183,14 @@ async def test_every_action_is_in_the_command_palette():
         assert app.query_one(ProcessTable).sort_name == "cpu"
         titles["Attach to the selected process"].callback()
         assert source.focused == [4242]
+
+
+async def test_attached_process_stays_charted_when_it_is_not_the_first_row():
+    source = FakeSource(frame(selected_pid=4243))
+    app = GpuScopeApp(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.query_one(ProcessTable).selected_row.pid == 4243
+        assert source.selected == []  # the cursor landed on what the source already charts
+        await pilot.press("up")
+        assert source.selected == [4242]

@@ -43,6 +43,7 @@ class GpuScopeApp(App):
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in htop: Ctrl-C ends it
         Binding("question_mark", "help", "Help"),
         Binding("slash", "filter", "Filter"),
         Binding("m", "sort('memory')", "Mem"),
@@ -57,6 +58,7 @@ class GpuScopeApp(App):
         self.source = source
         self._theme_name = theme or DEFAULT_THEME
         self.frame: Frame | None = None
+        self._charted_pid: int | None = None  # what the source was last asked to chart
         self._started = False
 
     def get_system_commands(self, screen) -> Iterable[SystemCommand]:
@@ -128,6 +130,7 @@ class GpuScopeApp(App):
             self.query_one(DevicesPanel).show(frame)
             table.show(frame.processes)
             if first and frame.selected_pid is not None:
+                self._charted_pid = frame.selected_pid
                 table.select_pid(frame.selected_pid)
             self.query_one(MemoryChart).show(frame.chart)
             self.query_one(ProcessPanel).show(frame)
@@ -152,8 +155,12 @@ class GpuScopeApp(App):
     # -- input -------------------------------------------------------------------------------------
 
     def on_process_table_highlighted(self, event: ProcessTable.Highlighted) -> None:
-        if self.frame is None or event.row.pid != self.frame.selected_pid:
-            self.source.select(event.row.pid)
+        current = self.query_one(ProcessTable).selected_row
+        if current is None or current.key != event.row.key:
+            return  # stale: the cursor has moved on since this was posted
+        if current.pid != self._charted_pid:
+            self._charted_pid = current.pid
+            self.source.select(current.pid)
 
     def on_process_table_selected(self, event: ProcessTable.Selected) -> None:
         self.source.focus(event.row.pid)
