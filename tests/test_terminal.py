@@ -126,5 +126,5 @@ def test_demo_console_stops_everything_it_started(tmux_session, ending):
         tmux.keys("C-c")
     else:
         tmux.close()  # the terminal goes away: gpuscope gets SIGHUP
-    gone, alive = psutil.wait_procs(children, timeout=30)
-    assert not alive, f"left running: {[p.pid for p in alive]}"
+    gone, alive = psutil.wait_procs([psutil.Process(pane_pid), *children], timeout=30)
+    assert not alive, f"left running: {[(p.pid, _cmdline(p)) for p in alive]}"

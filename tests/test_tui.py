@@ -194,3 +194,14 @@ async def test_attached_process_stays_charted_when_it_is_not_the_first_row():
         assert source.selected == []  # the cursor landed on what the source already charts
         await pilot.press("up")
         assert source.selected == [4242]
+
+
+async def test_a_click_selects_and_a_double_click_attaches():
+    source = FakeSource(frame())
+    app = GpuScopeApp(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.click("#col-command", offset=(5, 3))  # line 3 = the third process under the header
+        assert app.query_one(ProcessTable).selected_row.pid == 5100 and source.selected[-1] == 5100
+        await pilot.double_click("#col-command", offset=(5, 3))
+        assert source.focused == [5100]

@@ -296,7 +296,9 @@ def _console(demo: Demo, args: argparse.Namespace) -> int:
 
     assert demo.service is not None
     source = NodeSource(interval=getattr(args, "refresh", None) or 1.0, focus_pid=demo.service.pid)
-    # The console ends itself cleanly on SIGTERM / SIGHUP; run_demo's finally then stops the children.
+    # The console ends itself cleanly on SIGTERM / SIGHUP; run_demo's finally then stops the
+    # children. If the terminal is lost and that exit cannot finish, the app runs demo.stop itself.
     app = GpuScopeApp(source, theme=getattr(args, "theme", None))
+    app.add_cleanup(demo.stop)
     app.run()
     return app.return_code or 0

@@ -7,9 +7,11 @@ post `FrameReady` messages, which coalesce when the console is behind.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from textual import on
@@ -31,6 +33,10 @@ from gpuscope.tui.help import HelpScreen
 from gpuscope.tui.messages import FrameReady
 from gpuscope.tui.processes import SORTS, ProcessTable
 from gpuscope.tui.textlines import TextLines
+
+
+HANGUP_EXIT = 128 + signal.SIGHUP
+HANGUP_GRACE_S = 2.0
 
 
 def textual_theme(spec: ThemeSpec) -> Theme:
@@ -59,6 +65,7 @@ class GpuScopeApp(App):
         self._theme_name = theme or DEFAULT_THEME
         self.frame: Frame | None = None
         self._charted_pid: int | None = None  # what the source was last asked to chart
+        self._cleanups: list[Callable[[], object]] = []
         self._started = False
 
     def get_system_commands(self, screen) -> Iterable[SystemCommand]:
@@ -100,15 +107,38 @@ class GpuScopeApp(App):
             self.notify(problem, title="theme file skipped", severity="warning")
         self.query_one(ProcessTable).growth_style = f"bold {self.theme_variables.get('gpuscope-growth', 'yellow')}"
         self.query_one(ProcessTable).focus()
-        # A lost terminal (SIGHUP) or a polite kill (SIGTERM) ends the console the normal way, so
-        # the terminal is restored and whoever started it gets to clean up after it.
-        for signum in (signal.SIGHUP, signal.SIGTERM):
+        # A polite kill (SIGTERM) ends the console the normal way, so the terminal is restored and
+        # whoever started it gets to clean up after it; a lost terminal (SIGHUP) too, with a fallback.
+        loop = asyncio.get_running_loop()
+        for signum, handler in ((signal.SIGTERM, self.exit), (signal.SIGHUP, self._hangup)):
             try:
-                asyncio.get_running_loop().add_signal_handler(signum, self.exit)
+                loop.add_signal_handler(signum, handler)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
         self.source.start(lambda frame: self.post_message(FrameReady(frame)))
         self._started = True
+
+    def add_cleanup(self, cleanup: Callable[[], object]) -> None:
+        """Something that must happen when the console ends, even if the terminal is lost."""
+        self._cleanups.append(cleanup)
+
+    def _hangup(self) -> None:
+        # The terminal is gone. Textual's shutdown writes to it and can block forever once its
+        # writer thread has died on the dead terminal, so if the normal exit has not finished in a
+        # moment, do what must be done (stop the source, run the cleanups) and leave.
+        def fallback() -> None:
+            self.source.stop()
+            for cleanup in self._cleanups:
+                try:
+                    cleanup()
+                except Exception:  # leaving is all that is left to do; nothing to report to
+                    pass
+            os._exit(HANGUP_EXIT)
+
+        timer = threading.Timer(HANGUP_GRACE_S, fallback)
+        timer.daemon = True
+        timer.start()
+        self.exit(return_code=HANGUP_EXIT)
 
     def on_unmount(self) -> None:
         if self._started:
