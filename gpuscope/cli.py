@@ -7,21 +7,12 @@ console's modules are imported only once it is certain a console will start.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 
 from gpuscope import __version__
-
-
-class UsageError(Exception):
-    """Bad input: printed as one plain line, exit status 2."""
-
-
-class Failure(Exception):
-    """Something the user must fix (no such process, no terminal): one plain line, exit status 1."""
+from gpuscope.errors import Failure, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,6 +43,16 @@ def _seconds(minimum: float):
     return parse
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpuscope",
@@ -70,6 +71,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     ps = sub.add_parser("ps", help="one-shot GPU + host process table", description="One-shot GPU + host process table.")
     ps.add_argument("--json", action="store_true", help="a JSON list, for scripts")
+
+    metrics = sub.add_parser(
+        "metrics",
+        help="serving signals now (latency quantiles, TTFT, TPOT, tokens/s, stages)",
+        description="The service's signals now, from its /metrics endpoint or from a Prometheus server.",
+    )
+    where = metrics.add_mutually_exclusive_group(required=True)
+    where.add_argument("--metrics-url", action="append", metavar="URL", help="scrape this /metrics endpoint (repeatable)")
+    where.add_argument("--prometheus", metavar="URL", help="query this Prometheus server")
+    metrics.add_argument("--job", metavar="J", help="with --prometheus: only this job label")
+    metrics.add_argument("--instance", metavar="I", help="with --prometheus: only this instance label")
+    metrics.add_argument(
+        "--window", type=_seconds(0.0), default=30.0, metavar="SECONDS",
+        help="rate and quantile window (default 30; 0: quantiles over the cumulative buckets of one scrape)",
+    )
+    metrics.add_argument("--json", action="store_true", help="the gpuscope.metrics/1 JSON object")
+
+    stacks = sub.add_parser(
+        "stacks",
+        help="py-spy stack dumps of a Python process",
+        description="Stack dumps of a running Python process through py-spy (one, or N samples aggregated).",
+    )
+    stacks.add_argument("--pid", type=_pid, required=True, help="the process")
+    stacks.add_argument("--samples", type=_count, default=1, metavar="N", help="dumps to take and aggregate (default 1)")
+    stacks.add_argument("--interval", type=_seconds(0.01), default=0.2, metavar="S", help="seconds between dumps (default 0.2)")
+    stacks.add_argument("--native", action="store_true", help="include native (C/C++) frames")
+    stacks.add_argument("--locals", action="store_true", help="include local variables (they can hold secrets)")
+    stacks.add_argument("--json", action="store_true", help="JSON output")
 
     demo = sub.add_parser(
         "demo",
@@ -91,7 +120,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.theme is not None:
             theme_check(args.theme)
         if args.command == "ps":
-            return cmd_ps(args)
+            from gpuscope.commands import ps
+
+            return ps.run(args)
+        if args.command == "metrics":
+            from gpuscope.commands import metrics
+
+            return metrics.run(args)
+        if args.command == "stacks":
+            from gpuscope.commands import stacks
+
+            return stacks.run(args)
         if args.command == "demo":
             from gpuscope.demo.run import run_demo
 
@@ -155,36 +194,3 @@ def cmd_console(args: argparse.Namespace) -> int:
     app = GpuScopeApp(source, theme=args.theme)
     app.run()
     return app.return_code or 0
-
-
-def sample_processes():
-    """One frame of this node for the one-shot commands (CPU % needs two looks, 0.5 s apart)."""
-    from gpuscope.core.node import NodeSource
-
-    source = NodeSource()
-    source.sample_once()
-    time.sleep(0.5)
-    frame = source.sample_once()
-    source.stop()
-    return frame
-
-
-def cmd_ps(args: argparse.Namespace) -> int:
-    from gpuscope.core.units import format_bytes
-
-    frame = sample_processes()
-    rows = sorted(frame.processes, key=lambda r: (r.gpu is None, -(r.gpu_memory_bytes or 0), -(r.rss_bytes or 0)))
-    if args.json:
-        json.dump([r.to_json() for r in rows], sys.stdout)
-        sys.stdout.write("\n")
-        return 0
-    for line in (frame.nvml.status, *frame.notices):
-        if line:
-            print(f"# {line}", file=sys.stderr)
-    print(f"{'PID':>7} {'USER':<10} {'GPU':>3} {'GPU MEM':>8} {'RSS':>8} {'CPU%':>6}  COMMAND")
-    for r in rows:
-        gpu = "-" if r.gpu is None else str(r.gpu)
-        gmem = "-" if r.gpu is None else format_bytes(r.gpu_memory_bytes)
-        cpu = "" if r.cpu_percent is None else f"{r.cpu_percent:.1f}"
-        print(f"{r.pid:>7} {(r.user or '?')[:10]:<10} {gpu:>3} {gmem:>8} {format_bytes(r.rss_bytes):>8} {cpu:>6}  {r.command}")
-    return 0

@@ -6,10 +6,15 @@ import sys
 
 import pytest
 
+import gpuscope.commands
 import gpuscope.core
 
 FORBIDDEN = ("textual", "rich", "textual_plotext", "plotext", "torch", "gpuscope.tui")
-CORE_MODULES = sorted(m.name for m in pkgutil.walk_packages(gpuscope.core.__path__, "gpuscope.core."))
+CORE_MODULES = sorted(
+    m.name
+    for package in (gpuscope.core, gpuscope.commands)
+    for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+)
 
 
 def loaded_after(code: str) -> list[str]:
@@ -20,7 +25,7 @@ def loaded_after(code: str) -> list[str]:
     return [m for m in last[0].split(",") if m]
 
 
-@pytest.mark.parametrize("module", CORE_MODULES + ["gpuscope.cli", "gpuscope.theme_files"])
+@pytest.mark.parametrize("module", CORE_MODULES + ["gpuscope.cli", "gpuscope.errors", "gpuscope.theme_files"])
 def test_core_modules_import_no_ui(module):
     assert loaded_after(f"import {module}") == []
 

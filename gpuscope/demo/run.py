@@ -23,7 +23,8 @@ import time
 import urllib.request
 from typing import Any
 
-from gpuscope.cli import Failure, UsageError, terminal_check
+from gpuscope.cli import terminal_check
+from gpuscope.errors import Failure, UsageError
 from gpuscope.core.model import Frame, MemorySeries
 from gpuscope.demo.lifecycle import child_env
 

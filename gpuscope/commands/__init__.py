@@ -1,0 +1,1 @@
+"""One module per headless subcommand; each has run(args) -> exit status."""

@@ -1,0 +1,41 @@
+"""`gpuscope ps [--json]`: the process table once, for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from gpuscope.core.model import Frame
+from gpuscope.core.node import NodeSource
+from gpuscope.core.units import format_bytes
+
+
+def sample_processes() -> Frame:
+    """One frame of this node for the one-shot commands (CPU % needs two looks, 0.5 s apart)."""
+    source = NodeSource()
+    source.sample_once()
+    time.sleep(0.5)
+    frame = source.sample_once()
+    source.stop()
+    return frame
+
+
+def run(args: argparse.Namespace) -> int:
+    frame = sample_processes()
+    rows = sorted(frame.processes, key=lambda r: (r.gpu is None, -(r.gpu_memory_bytes or 0), -(r.rss_bytes or 0)))
+    if args.json:
+        json.dump([r.to_json() for r in rows], sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    for line in (frame.nvml.status, *frame.notices):
+        if line:
+            print(f"# {line}", file=sys.stderr)
+    print(f"{'PID':>7} {'USER':<10} {'GPU':>3} {'GPU MEM':>8} {'RSS':>8} {'CPU%':>6}  COMMAND")
+    for r in rows:
+        gpu = "-" if r.gpu is None else str(r.gpu)
+        gmem = "-" if r.gpu is None else format_bytes(r.gpu_memory_bytes)
+        cpu = "" if r.cpu_percent is None else f"{r.cpu_percent:.1f}"
+        print(f"{r.pid:>7} {(r.user or '?')[:10]:<10} {gpu:>3} {gmem:>8} {format_bytes(r.rss_bytes):>8} {cpu:>6}  {r.command}")
+    return 0
