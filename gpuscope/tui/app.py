@@ -32,6 +32,7 @@ from gpuscope.tui.devices import DevicesPanel
 from gpuscope.tui.help import HelpScreen
 from gpuscope.tui.messages import FrameReady
 from gpuscope.tui.processes import SORTS, ProcessTable
+from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 from gpuscope.tui.textlines import TextLines
 
 
@@ -52,10 +53,14 @@ class GpuScopeApp(App):
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in htop: Ctrl-C ends it
         Binding("question_mark", "help", "Help"),
         Binding("slash", "filter", "Filter"),
-        Binding("m", "sort('memory')", "Mem"),
-        Binding("g", "sort('growth')", "Growth"),
-        Binding("c", "sort('cpu')", "CPU"),
+        # Sorting keys are in the help (?) and the palette; the footer keeps room for the actions.
+        Binding("m", "sort('memory')", "Mem", show=False),
+        Binding("g", "sort('growth')", "Growth", show=False),
+        Binding("c", "sort('cpu')", "CPU", show=False),
         Binding("o", "sort('default')", "Order", show=False),
+        Binding("d", "stacks", "Stacks"),
+        Binding("S", "sample", "Sample"),
+        Binding("a", "allocations", "Alloc"),
         Binding("escape", "escape", "Detach", show=False),
     ]
 
@@ -76,7 +81,37 @@ class GpuScopeApp(App):
         for name, (label, _) in SORTS.items():
             yield SystemCommand(f"Sort: {label}", f"Order the process table by {label}", partial(self.action_sort, name))
         yield SystemCommand("Attach to the selected process", "Details and chart of that process", self._attach_selected)
+        yield SystemCommand("Stacks of the selected process", "One py-spy dump of every thread", self.action_stacks)
+        yield SystemCommand("Hot paths of the selected process", "py-spy samples for 5 s, aggregated", self.action_sample)
+        yield SystemCommand("Allocation sites of the selected process", "Which code allocates memory that stays", self.action_allocations)
         yield SystemCommand("Detach", "Stop following the attached process", partial(self.source.focus, None))
+
+    def _selected_pid(self) -> int | None:
+        row = self.query_one(ProcessTable).selected_row
+        if row is None:
+            self.notify("select a process first", severity="warning")
+        return row.pid if row else None
+
+    def action_stacks(self) -> None:
+        pid = self._selected_pid()
+        if pid is not None:
+            self.push_screen(DumpScreen(pid))
+
+    def action_sample(self) -> None:
+        pid = self._selected_pid()
+        if pid is not None:
+            self.push_screen(SampleScreen(pid))
+
+    def action_allocations(self) -> None:
+        pid = self._selected_pid()
+        if pid is None:
+            return
+
+        def chosen(choice: str | None) -> None:
+            if choice is not None:
+                self.push_screen(SuspectsScreen(pid, use_memray=choice == "memray"))
+
+        self.push_screen(ConfirmAttach(pid), chosen)
 
     def _attach_selected(self) -> None:
         row = self.query_one(ProcessTable).selected_row

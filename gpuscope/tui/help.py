@@ -17,6 +17,9 @@ HELP = """\
   /               filter processes by command, user or PID
   m  g  c         sort by memory, growth, CPU
   o               back to the default order (GPU processes first)
+  d               stacks of the selected process (py-spy dump)
+  S               hot paths: py-spy samples for 5 s, aggregated
+  a               allocation sites: which code allocates memory that stays
   ?               this help
   q               quit
 

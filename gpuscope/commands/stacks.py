@@ -1,0 +1,95 @@
+"""`gpuscope stacks --pid PID [--samples N] [--interval S] [--native] [--locals] [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from gpuscope.cli import attach_check
+from gpuscope.core import pyspy
+from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, StackDump, StackSample, stack_json, thread_json
+from gpuscope.errors import Failure
+
+SCHEMA = "gpuscope.stacks/1"
+MARK = {OWN: "●", STDLIB: "·", LIBRARY: "○", NATIVE: "◆"}  # the kind of a frame, readable without colour
+LEGEND = "● your code  · standard library  ○ installed package  ◆ native"
+
+
+def run(args: argparse.Namespace) -> int:
+    attach_check(args.pid)
+    try:
+        if args.samples == 1:
+            result = pyspy.dump(args.pid, native=args.native, locals_=args.locals)
+        else:
+            print(f"sampling process {args.pid}: {args.samples} dumps, {args.interval:g} s apart", file=sys.stderr)
+            result = pyspy.sample(args.pid, args.samples, args.interval, native=args.native)
+    except pyspy.PySpyError as exc:
+        raise Failure(str(exc)) from None
+    if args.json:
+        json.dump(to_json(result), sys.stdout)
+        sys.stdout.write("\n")
+    elif isinstance(result, StackDump):
+        print_dump(result)
+    else:
+        print_sample(result)
+    return 0
+
+
+def to_json(result: StackDump | StackSample) -> dict:
+    if isinstance(result, StackDump):
+        return {
+            "schema": SCHEMA,
+            "pid": result.pid,
+            "mode": result.mode,
+            "native": result.native,
+            "samples": 1,
+            "took_s": round(result.took_s, 4),
+            "threads": [thread_json(t) for t in result.threads],
+        }
+    return {
+        "schema": SCHEMA,
+        "pid": result.pid,
+        "mode": result.mode,
+        "native": result.native,
+        "samples": result.samples,
+        "interval_s": result.interval_s,
+        "duration_s": round(result.duration_s, 3),
+        "errors": list(result.errors),
+        "hot_paths": [
+            {"count": p.count, "share": round(p.share, 4), "frames": stack_json(p.frames)} for p in result.paths
+        ],
+        "threads": [thread_json(t) for t in result.last.threads] if result.last else [],
+    }
+
+
+def _frame_line(frame, indent: str = "  ") -> str:
+    where = f"{frame.file}:{frame.line}" if frame.line else frame.file
+    text = f"{indent}{MARK.get(frame.kind, ' ')} {frame.function}  {where}"
+    for name, value in frame.locals:
+        text += f"\n{indent}      {name} = {value}"
+    return text
+
+
+def print_dump(dump: StackDump) -> None:
+    paused = "threads paused while read" if dump.mode == "blocking" else "read without pausing the process"
+    print(f"process {dump.pid}: {len(dump.threads)} Python threads, {dump.mode} dump ({paused}, {dump.took_s * 1000:.0f} ms)")
+    print(LEGEND)
+    for t in dump.threads:
+        print(f"\nthread {t.os_thread_id or t.thread_id} {t.name or '?'!r} [{t.state}]")
+        for frame in t.frames:
+            print(_frame_line(frame))
+
+
+def print_sample(sample: StackSample) -> None:
+    print(
+        f"process {sample.pid}: {sample.samples} {sample.mode} dumps over {sample.duration_s:.1f} s; "
+        f"hot paths of active threads (innermost frame first)"
+    )
+    if sample.errors:
+        print(f"({len(sample.errors)} dumps failed: {sample.errors[-1]})")
+    print(LEGEND)
+    for path in sample.paths[:15]:
+        print(f"\n{path.share * 100:5.1f}%  {path.count} samples")
+        for frame in reversed(path.frames):
+            print(_frame_line(frame, "        "))

@@ -1,0 +1,384 @@
+"""Where memory that stays was allocated: the attribution ladder.
+
+Stack sampling shows where time goes, not where memory is allocated: a fast function that leaks is
+almost never on a sampled stack. So attribution climbs a ladder and says which rung it stood on:
+
+1. torch allocator history  — live CUDA blocks by allocating stack (needs the torch probe; not
+   available yet, so this rung reports itself skipped);
+2. memray                    — `memray attach` for a bounded time, then the allocations still alive
+   at the end, grouped by the innermost frame of the program's own code;
+3. stack sampling           — py-spy samples weighted by the memory growth in each interval
+   (low confidence: a ranked list of suspects, not a verdict).
+
+Attaching memray runs code inside the target (through gdb before Python 3.14). On some machines
+that kills the target (gdb 13 cannot restore registers on CPUs with AMX state; the interrupted
+system call then fails in the target), so gpuscope first tries the same injection on a throwaway
+process of the same interpreter and refuses to touch the real one if the throwaway is harmed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import psutil
+
+from gpuscope.core import pyspy
+from gpuscope.core.stacks import StackDump, StackFrame, Suspect, classify, owner_frame
+
+MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC = (3, 14)
+ATTACH_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    """What one rung of the ladder did: "used", "skipped" or "failed", and why."""
+
+    method: str
+    status: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    pid: int
+    suspects: tuple[Suspect, ...]  # best first
+    rungs: tuple[Rung, ...]
+    method: str | None  # the rung the suspects come from
+    confidence: str  # "high" (allocation tracking) | "low" (stack sampling) | "none"
+    duration_s: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+
+
+class AttachRefused(Exception):
+    """memray will not be attached; the message says why and what to do instead."""
+
+
+# -- grouping allocation stacks into suspects ------------------------------------------------------
+
+
+def suspects_from_stacks(
+    weighted: Sequence[tuple[Sequence[StackFrame], float, int]], method: str, *, known_bytes: bool, limit: int = 10
+) -> tuple[Suspect, ...]:
+    """Group (stack innermost-first, weight, count) by the owning frame of each stack."""
+    weight: dict[tuple[str, str, int], float] = defaultdict(float)
+    count: dict[tuple[str, str, int], int] = defaultdict(int)
+    stack_of: dict[tuple[str, str, int], tuple[StackFrame, ...]] = {}  # the heaviest stack behind each
+    heaviest: dict[tuple[str, str, int], float] = defaultdict(float)
+    for frames, w, n in weighted:
+        owner = owner_frame(frames)
+        if owner is None or w <= 0:
+            continue
+        key = (owner.function, owner.file, owner.line)
+        weight[key] += w
+        count[key] += n
+        if w > heaviest[key]:
+            heaviest[key] = w
+            stack_of[key] = tuple(frames)
+    total = sum(weight.values())
+    ranked = sorted(weight, key=lambda k: -weight[k])[:limit]
+    return tuple(
+        Suspect(
+            function=k[0],
+            file=k[1],
+            line=k[2],
+            bytes=int(weight[k]) if known_bytes else None,
+            share=weight[k] / total if total else 0.0,
+            method=method,
+            stack=stack_of[k],
+            count=count[k],
+        )
+        for k in ranked
+    )
+
+
+def suspects_from_capture(path: str, roots: Sequence[str] = ()) -> tuple[Suspect, ...]:
+    """The allocations still alive at the end of a memray capture, by owning frame, largest first."""
+    from memray import FileReader  # noqa: PLC0415 - only this rung needs memray
+
+    reader = FileReader(path)
+    weighted = []
+    for record in reader.get_leaked_allocation_records(merge_threads=True):
+        frames = tuple(
+            StackFrame(function=fn, file=filename, line=int(line or 0), kind=classify(filename, own_roots=roots))
+            for fn, filename, line in record.stack_trace()
+        )
+        weighted.append((frames, float(record.size), int(record.n_allocations)))
+    return suspects_from_stacks(weighted, "memray", known_bytes=True)
+
+
+# -- can memray be attached to this process, safely? -----------------------------------------------
+
+
+def target_interpreter(pid: int) -> tuple[str, dict[str, str]]:
+    """The interpreter that runs `pid` and the environment it imports with.
+
+    argv[0] is preferred to /proc/PID/exe: a virtualenv's python resolves to the base interpreter,
+    which would not see the venv's packages. Only the variables that decide imports are taken from
+    the target's environment (it may hold secrets).
+    """
+    proc = psutil.Process(pid)
+    args = proc.cmdline()
+    exe = proc.exe()
+    python = args[0] if args and os.path.isabs(args[0]) and os.access(args[0], os.X_OK) else exe
+    env = {"PATH": os.environ.get("PATH", "")}
+    try:
+        theirs = proc.environ()
+    except psutil.AccessDenied:
+        theirs = {}
+    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONNOUSERSITE"):
+        if name in theirs:
+            env[name] = theirs[name]
+    return python, env
+
+
+def _python_version(python: str, env: dict[str, str]) -> tuple[int, int] | None:
+    out = _run([python, "-c", "import sys; print('%d %d' % sys.version_info[:2])"], env, 20)
+    if out is None or out.returncode != 0:
+        return None
+    major, minor = out.stdout.split()
+    return int(major), int(minor)
+
+
+def _run(cmd: list[str], env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+_SAFE_INJECTION: dict[str, str | None] = {}  # interpreter -> None if safe, else why not
+_SAFE_LOCK = threading.Lock()
+
+
+def injection_problem(python: str, env: dict[str, str]) -> str | None:
+    """Why gdb must not call into a process of this interpreter here (None: it is safe).
+
+    gdb attaches to a throwaway `python -c "sleep"` and calls a function in it, as memray's
+    injection does; if gdb reports an error, or the throwaway does not survive unharmed, the real
+    target would not either.
+    """
+    with _SAFE_LOCK:
+        if python in _SAFE_INJECTION:
+            return _SAFE_INJECTION[python]
+        gdb = shutil.which("gdb")
+        if gdb is None:
+            problem = "gdb is not installed (memray needs it to attach before Python 3.14): apt-get install gdb"
+        else:
+            problem = _canary(gdb, python, env)
+        _SAFE_INJECTION[python] = problem
+        return problem
+
+
+_CANARY = (
+    "import sys, time\n"
+    "print('ready', flush=True)\n"
+    "for _ in range(600):\n"
+    "    time.sleep(0.05)\n"  # an interruptible system call, like a service waiting for requests
+    "print('survived', flush=True)\n"
+)
+
+
+def _canary(gdb: str, python: str, env: dict[str, str]) -> str | None:
+    canary = subprocess.Popen([python, "-c", _CANARY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        if canary.stdout.readline().strip() != "ready":
+            return f"a test process of {python} did not start"
+        out = _run([gdb, "-batch", "-nx", "-p", str(canary.pid), "-ex", "call (int) getpid()"], None, 30)
+        time.sleep(0.3)  # long enough for a damaged sleep() to fail in the canary
+        if canary.poll() is not None:
+            why = (canary.stderr.read() or "").strip().splitlines()[-1:] or ["it exited"]
+            return f"gdb harmed a test process when calling into it ({why[0]}); attaching would likely crash the service"
+        if out is None:
+            return "gdb did not finish calling into a test process within 30 s"
+        failure = re.search(r"^(Couldn't .*|Cannot .*|.*[Ee]rror.*)$", out.stdout + out.stderr, re.MULTILINE)
+        if failure and "warning" not in failure.group(0).lower():
+            return f"gdb cannot call into processes on this machine ({failure.group(1).strip()})"
+        return None
+    finally:
+        canary.kill()
+        canary.wait()
+
+
+def memray_importable(python: str, env: dict[str, str]) -> bool:
+    out = _run([python, "-c", "import memray"], env, 30)
+    return out is not None and out.returncode == 0
+
+
+def check_attach(pid: int) -> tuple[str, dict[str, str]]:
+    """Everything that must hold before memray touches `pid`. Raises AttachRefused."""
+    try:
+        python, env = target_interpreter(pid)
+    except psutil.NoSuchProcess:
+        raise AttachRefused(f"process {pid} exited") from None
+    except psutil.AccessDenied:
+        raise AttachRefused(f"not permitted to read process {pid}: {pyspy.PERMISSION_HELP}") from None
+    if not memray_importable(python, env):
+        raise AttachRefused(
+            f"memray is not importable by the service's interpreter ({python}): install it into the service's "
+            "environment (pip install memray, or install gpuscope there), then try again"
+        )
+    version = _python_version(python, env)
+    if version is None or version < MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC:
+        problem = injection_problem(python, env)
+        if problem:
+            raise AttachRefused(f"memray will not be attached: {problem}")
+    return python, env
+
+
+# -- the memray rung ---------------------------------------------------------------------------------
+
+
+def memray_suspects(pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False) -> tuple[Suspect, ...]:
+    """Attach memray for `duration` seconds; the allocations still alive at the end, by owning frame.
+
+    Tracking is always detached: on success memray stops by itself after `duration`; on a timeout,
+    an error or a cancel, `memray detach` is run before returning.
+    """
+    check_attach(pid)
+    memray_cli = [sys.executable, "-m", "memray"]
+    roots = pyspy.own_roots(pid)
+    with tempfile.TemporaryDirectory(prefix="gpuscope-memray-") as folder:
+        os.chmod(folder, 0o777)  # the target writes the capture: it may run as another user
+        capture = os.path.join(folder, "capture.bin")
+        attached = False
+        try:
+            out = _run(
+                memray_cli + ["attach", "--aggregate", "-f", "-o", capture, "--duration", str(max(1, round(duration))), str(pid)],
+                None,
+                ATTACH_TIMEOUT_S,
+            )
+            if out is None or out.returncode != 0:
+                last = ((out.stderr or out.stdout).strip().splitlines()[-1:] if out else []) or ["no answer"]
+                raise AttachRefused(f"memray could not attach to process {pid}: {last[0]}")
+            attached = True
+            deadline = time.monotonic() + duration + 30.0
+            while time.monotonic() < deadline:
+                if cancelled():
+                    raise AttachRefused("cancelled")
+                if not psutil.pid_exists(pid):
+                    raise AttachRefused(f"process {pid} exited while memray was attached")
+                if time.monotonic() > deadline - 30.0 and _complete(capture):
+                    attached = False  # memray stopped itself after `duration`
+                    return suspects_from_capture(capture, roots)
+                time.sleep(0.2)
+            raise AttachRefused(f"memray's capture of process {pid} did not complete in time")
+        finally:
+            if attached and psutil.pid_exists(pid):
+                _run(memray_cli + ["detach", str(pid)], None, 30)
+
+
+def _complete(capture: str) -> bool:
+    """An aggregated capture is written when tracking stops; until then it does not open."""
+    if not os.path.exists(capture):
+        return False
+    try:
+        from memray import FileReader  # noqa: PLC0415
+
+        FileReader(capture)
+    except OSError:
+        return False
+    return True
+
+
+# -- the stack-sampling rung ------------------------------------------------------------------------
+
+
+def rss_of(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
+            return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, IndexError):
+        try:
+            return float(psutil.Process(pid).memory_info().rss)
+        except psutil.Error:
+            return None
+
+
+def sampling_suspects(
+    pid: int,
+    duration: float,
+    *,
+    interval: float = 0.2,
+    memory: Callable[[int], float | None] = rss_of,
+    cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[float], None] = lambda fraction: None,
+) -> tuple[Suspect, ...]:
+    """py-spy dumps taken while memory grows, each stack weighted by the growth since the last look.
+
+    Low confidence by nature: a function that allocates quickly and returns is rarely caught on a
+    stack, so this ranks where the process was *while* memory grew, not what allocated it.
+    """
+    roots = pyspy.own_roots(pid)
+    weighted: list[tuple[tuple[StackFrame, ...], float, int]] = []
+    before = memory(pid)
+    started = time.monotonic()
+    while time.monotonic() - started < duration and not cancelled():
+        tick = time.monotonic()
+        dump: StackDump = pyspy.dump(pid, nonblocking=True, roots=roots)
+        now = memory(pid)
+        growth = (now - before) if now is not None and before is not None else 0.0
+        before = now
+        stacks = [t.frames for t in dump.threads if t.active or t.owns_gil]
+        if growth > 0 and stacks:
+            for frames in stacks:
+                weighted.append((frames, growth / len(stacks), 1))
+        progress(min(1.0, (time.monotonic() - started) / duration))
+        time.sleep(max(0.0, interval - (time.monotonic() - tick)))
+    return suspects_from_stacks(weighted, "stack-sampling", known_bytes=False)
+
+
+# -- the ladder --------------------------------------------------------------------------------------
+
+
+def attribute(
+    pid: int,
+    duration: float,
+    *,
+    use_memray: bool = True,
+    memory: Callable[[int], float | None] = rss_of,
+    cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[str, float], None] = lambda rung, fraction: None,
+) -> Attribution:
+    """Climb the ladder for `pid` until a rung names suspects; record what each rung did."""
+    started = time.monotonic()
+    rungs = [Rung("torch-history", "skipped", "no torch allocator probe in this process")]
+    if use_memray:
+        progress("memray", 0.0)
+        try:
+            found = memray_suspects(pid, duration, cancelled=cancelled)
+        except AttachRefused as exc:
+            rungs.append(Rung("memray", "failed", str(exc)))
+        except Exception as exc:  # a memray or file-format surprise must not end the diagnosis
+            rungs.append(Rung("memray", "failed", f"{type(exc).__name__}: {exc}"))
+        else:
+            if found:
+                rungs.append(Rung("memray", "used", f"{len(found)} allocation sites still holding memory"))
+                return Attribution(pid, found, tuple(rungs), "memray", "high", time.monotonic() - started)
+            rungs.append(Rung("memray", "failed", "no allocation made while attached is still alive"))
+    else:
+        rungs.append(Rung("memray", "skipped", "not requested (it runs code inside the process)"))
+    if cancelled():
+        return Attribution(pid, (), tuple(rungs), None, "none", time.monotonic() - started)
+    progress("stack-sampling", 0.0)
+    try:
+        found = sampling_suspects(
+            pid, duration, memory=memory, cancelled=cancelled, progress=lambda f: progress("stack-sampling", f)
+        )
+    except pyspy.PySpyError as exc:
+        rungs.append(Rung("stack-sampling", "failed", str(exc)))
+        return Attribution(pid, (), tuple(rungs), None, "none", time.monotonic() - started)
+    if not found:
+        rungs.append(Rung("stack-sampling", "failed", "memory did not grow while sampling"))
+        return Attribution(pid, (), tuple(rungs), None, "none", time.monotonic() - started)
+    rungs.append(Rung("stack-sampling", "used", "where the process was while its memory grew (low confidence)"))
+    return Attribution(pid, found, tuple(rungs), "stack-sampling", "low", time.monotonic() - started)

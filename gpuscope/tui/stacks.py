@@ -1,0 +1,264 @@
+"""Code paths in the console: stack dumps (d), sampled hot paths (S) and allocation sites (a).
+
+Each screen runs its core call (py-spy, the attribution ladder) in a worker thread and renders
+the immutable result when it arrives; Esc cancels, and a cancelled job stops at its next check
+(py-spy is never left holding the target: the core functions handle that).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Footer, ProgressBar, Static, Tree
+from textual.widgets.tree import TreeNode
+
+from gpuscope.core import allocations, pyspy
+from gpuscope.core.allocations import Attribution
+from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
+
+MARK = {OWN: "●", STDLIB: "·", LIBRARY: "○", NATIVE: "◆"}
+STYLE = {OWN: "bold", STDLIB: "dim", LIBRARY: "italic", NATIVE: "dim italic"}
+LEGEND = "● your code   · standard library   ○ installed package   ◆ native"
+SAMPLE_SECONDS = 5.0
+SAMPLE_INTERVAL = 0.1
+ATTRIBUTION_SECONDS = 10.0
+
+
+def frame_label(frame: StackFrame, prefix: str = "") -> Text:
+    where = f"{frame.file.rsplit('/', 1)[-1]}:{frame.line}" if frame.line else frame.file.rsplit("/", 1)[-1]
+    return Text.assemble(prefix, (f"{MARK.get(frame.kind, ' ')} {frame.function}", STYLE.get(frame.kind, "")), f"  {where}")
+
+
+class CodePathScreen(ModalScreen[None]):
+    """The frame shared by the three views: a title, a status line, a progress bar, a tree."""
+
+    DEFAULT_CSS = """
+    CodePathScreen { align: center middle; }
+    CodePathScreen > Vertical { width: 100%; height: 100%; border: round $primary; background: $surface; padding: 0 1; }
+    CodePathScreen #status { height: auto; }
+    CodePathScreen ProgressBar { height: 1; }
+    CodePathScreen ProgressBar.done { display: none; }
+    CodePathScreen Tree { height: 1fr; background: $surface; }
+    """
+    BINDINGS = [Binding("escape", "close", "Close / cancel"), Binding("q", "close", "Close", show=False)]
+
+    def __init__(self, pid: int, title: str) -> None:
+        super().__init__()
+        self.pid = pid
+        self.title_text = title
+        self.cancel = threading.Event()
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Text(self.title_text, style="bold"), id="title")
+            yield Static(LEGEND, id="legend")
+            yield Static("", id="status")
+            yield ProgressBar(total=100, show_eta=False, id="progress")
+            yield Tree("…", id="tree")
+        yield Footer()
+
+    def from_worker(self, method, *args) -> None:
+        """Run a UI update from the worker thread, unless the screen was closed meanwhile."""
+        if not self.cancel.is_set():
+            self.app.call_from_thread(self._if_open, method, *args)
+
+    def _if_open(self, method, *args) -> None:
+        if not self.cancel.is_set() and self.is_attached:
+            method(*args)
+
+    def status(self, text: str | Text) -> None:
+        self.query_one("#status", Static).update(text)
+
+    def progress(self, fraction: float) -> None:
+        self.query_one(ProgressBar).update(progress=100 * fraction)
+
+    def done(self) -> None:
+        self.query_one(ProgressBar).add_class("done")
+
+    def failed(self, message: str) -> None:
+        self.done()
+        self.status(Text(f"✖ {message}", style="bold red"))
+
+    def action_close(self) -> None:
+        self.cancel.set()  # a running job stops at its next check
+        self.dismiss()
+
+    def on_unmount(self) -> None:
+        self.cancel.set()
+
+
+class DumpScreen(CodePathScreen):
+    """`d`: one dump of every thread, innermost frame first."""
+
+    def __init__(self, pid: int, *, native: bool = False) -> None:
+        super().__init__(pid, f"Stacks of PID {pid}")
+        self.native = native
+
+    def on_mount(self) -> None:
+        self.status(f"reading the stacks of process {self.pid} with py-spy…")
+        self.query_one(ProgressBar).add_class("done")
+        self.read()
+
+    @work(thread=True, exclusive=True, group="code-paths", exit_on_error=False)
+    def read(self) -> None:
+        try:
+            dump = pyspy.dump(self.pid, native=self.native)
+        except pyspy.PySpyError as exc:
+            self.from_worker(self.failed, str(exc))
+            return
+        self.from_worker(self.show, dump)
+
+    def show(self, dump: StackDump) -> None:
+        paused = "threads paused while read" if dump.mode == "blocking" else "read without pausing the process"
+        self.status(f"{len(dump.threads)} Python threads · {dump.mode} dump ({paused}) · py-spy took {dump.took_s * 1000:.0f} ms")
+        tree = self.query_one(Tree)
+        tree.reset(Text(f"process {dump.pid}"))
+        for thread in dump.threads:
+            label = Text.assemble(f"thread {thread.os_thread_id or thread.thread_id} ", (repr(thread.name or "?"), "bold"),
+                                  f" [{thread.state}]")
+            node = tree.root.add(label, expand=thread.state != "idle")
+            for frame in thread.frames:
+                node.add_leaf(frame_label(frame))
+        tree.root.expand()
+        tree.focus()
+
+
+class SampleScreen(CodePathScreen):
+    """`S`: dumps for a few seconds, aggregated into a tree of hot paths with counts."""
+
+    def __init__(self, pid: int, seconds: float | None = None, interval: float = SAMPLE_INTERVAL) -> None:
+        seconds = SAMPLE_SECONDS if seconds is None else seconds
+        super().__init__(pid, f"Hot paths of PID {pid} ({seconds:g} s)")
+        self.samples = max(2, round(seconds / interval))
+        self.interval = interval
+
+    def on_mount(self) -> None:
+        self.status(f"sampling process {self.pid}: {self.samples} dumps, {self.interval:g} s apart… (Esc cancels)")
+        self.read()
+
+    @work(thread=True, exclusive=True, group="code-paths", exit_on_error=False)
+    def read(self) -> None:
+        try:
+            result = pyspy.sample(
+                self.pid, self.samples, self.interval, stop=self.cancel,
+                progress=lambda done, total: self.from_worker(self.progress, done / total),
+            )
+        except pyspy.PySpyError as exc:
+            self.from_worker(self.failed, str(exc))
+            return
+        self.from_worker(self.show, result)
+
+    def show(self, sample: StackSample) -> None:
+        self.done()
+        torn = f" · {len(sample.errors)} dumps failed" if sample.errors else ""
+        self.status(f"{sample.samples} {sample.mode} dumps over {sample.duration_s:.1f} s{torn} · % of samples of active threads")
+        tree = self.query_one(Tree)
+        tree.reset(Text(f"process {sample.pid}"))
+        add_paths(tree.root, sample.paths)
+        tree.root.expand()
+        tree.focus()
+
+
+def add_paths(root: TreeNode, paths: tuple[HotPath, ...]) -> None:
+    """A trie of the hot paths (outermost frame at the top), expanded along the hottest branch."""
+    total = sum(p.count for p in paths) or 1
+    trie: dict = {}
+    for path in paths:
+        level = trie
+        for frame in path.frames:
+            entry = level.setdefault(frame, [0, {}])
+            entry[0] += path.count
+            level = entry[1]
+
+    def grow(node: TreeNode, level: dict, expand: bool) -> None:
+        for i, (frame, (count, children)) in enumerate(sorted(level.items(), key=lambda kv: -kv[1][0])):
+            label = frame_label(frame, f"{100 * count / total:5.1f}% ({count})  ")
+            if children:
+                child = node.add(label, expand=expand and i == 0)
+                grow(child, children, expand and i == 0)
+            else:
+                node.add_leaf(label)
+
+    grow(root, trie, True)
+
+
+class SuspectsScreen(CodePathScreen):
+    """`a`: the attribution ladder — which code allocated the memory that stays."""
+
+    def __init__(self, pid: int, *, use_memray: bool, seconds: float | None = None) -> None:
+        super().__init__(pid, f"Allocation sites of PID {pid}")
+        self.use_memray = use_memray
+        self.seconds = ATTRIBUTION_SECONDS if seconds is None else seconds
+
+    def on_mount(self) -> None:
+        ladder = "memray, then stack sampling" if self.use_memray else "stack sampling only"
+        self.status(f"watching process {self.pid} for {self.seconds:g} s ({ladder})… (Esc cancels)")
+        self.read()
+
+    @work(thread=True, exclusive=True, group="code-paths", exit_on_error=False)
+    def read(self) -> None:
+        def progress(rung: str, fraction: float) -> None:
+            self.from_worker(self.status, f"{rung}: {fraction * 100:.0f}% … (Esc cancels)")
+            self.from_worker(self.progress, fraction)
+
+        result = allocations.attribute(
+            self.pid, self.seconds, use_memray=self.use_memray, cancelled=self.cancel.is_set, progress=progress
+        )
+        self.from_worker(self.show, result)
+
+    def show(self, result: Attribution) -> None:
+        self.done()
+        confidence = {"high": "allocation tracking", "low": "LOW confidence: stack sampling", "none": "no suspects"}
+        self.status(Text.assemble(("suspects by " + (result.method or "-"), "bold"), f" · {confidence[result.confidence]}"))
+        tree = self.query_one(Tree)
+        tree.reset(Text(f"process {result.pid}"))
+        for rank, s in enumerate(result.suspects, start=1):
+            size = f"{s.bytes / 1e6:.1f} MB" if s.bytes is not None else "bytes unknown"
+            label = Text.assemble(f"{rank}. ", (s.function, "bold"), f"  {s.file}:{s.line}  {s.share * 100:.0f}% · {size}")
+            node = tree.root.add(label, expand=rank == 1)
+            for frame in s.stack:
+                node.add_leaf(frame_label(frame))
+        rungs = tree.root.add(Text("how the ladder was climbed", style="dim"), expand=result.confidence != "high")
+        for rung in result.rungs:
+            rungs.add_leaf(Text(f"{rung.method}: {rung.status} — {rung.detail}"))
+        tree.root.expand()
+        tree.focus()
+
+
+class ConfirmAttach(ModalScreen[str | None]):
+    """memray runs code inside the service: ask first, and offer the harmless rung instead."""
+
+    DEFAULT_CSS = """
+    ConfirmAttach { align: center middle; }
+    ConfirmAttach > Vertical { width: 76; max-width: 100%; height: auto; border: round $warning; background: $surface; padding: 0 1; }
+    """
+    BINDINGS = [
+        Binding("y", "choose('memray')", "memray, then sampling"),
+        Binding("s", "choose('sampling')", "Sampling only"),
+        Binding("escape,n", "choose(None)", "Cancel"),
+    ]
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(
+                f"[b]Find the code that allocates memory that stays in PID {self.pid}[/b]\n\n"
+                "memray tracks allocations from inside the process: attaching it runs code in the service "
+                "(through gdb before Python 3.14). gpuscope first tries the same on a throwaway process and "
+                "refuses if that is harmed.\n\n"
+                "  y  attach memray for 10 s, fall back to stack sampling\n"
+                "  s  stack sampling only (nothing runs inside the service; low confidence)\n"
+                "  Esc  cancel"
+            )
+
+    def action_choose(self, choice: str | None) -> None:
+        self.dismiss(choice)

@@ -1,0 +1,80 @@
+"""The code-path screens (d, S, a) in the console, with Pilot, against a real Python process."""
+
+import time
+from dataclasses import replace
+
+from textual.widgets import Tree
+
+from gpuscope.tui.app import GpuScopeApp
+from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
+
+from frames import FakeSource, frame, rows
+from test_stacks import BUSY
+
+
+def frame_with(pid: int):
+    first = replace(rows()[0], pid=pid)
+    return frame(processes=(first,) + rows()[1:], selected_pid=pid, focus=None)
+
+
+def tree_text(screen) -> str:
+    tree = screen.query_one(Tree)
+
+    def walk(node):
+        yield str(node.label)
+        for child in node.children:
+            yield from walk(child)
+
+    return "\n".join(walk(tree.root))
+
+
+async def wait_for(pilot, condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await pilot.pause(0.1)
+
+
+async def test_d_dumps_the_selected_process_and_esc_closes(spawn_python):
+    child = spawn_python(BUSY)
+    app = GpuScopeApp(FakeSource(frame_with(child.pid)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("d")
+        assert isinstance(app.screen, DumpScreen) and app.screen.pid == child.pid
+        await wait_for(pilot, lambda: "worker-0" in tree_text(app.screen))
+        text = tree_text(app.screen)
+        assert "● crunch" in text or "● <module>" in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, DumpScreen)
+
+
+async def test_capital_s_samples_into_a_tree_of_hot_paths(spawn_python, monkeypatch):
+    child = spawn_python(BUSY)
+    monkeypatch.setattr("gpuscope.tui.stacks.SAMPLE_SECONDS", 1.0)
+    app = GpuScopeApp(FakeSource(frame_with(child.pid)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("S")
+        assert isinstance(app.screen, SampleScreen)
+        await wait_for(pilot, lambda: "%" in tree_text(app.screen) and "crunch" in tree_text(app.screen))
+        assert "dumps over" in str(app.screen.query_one("#status").render())
+
+
+async def test_a_asks_first_and_sampling_only_never_attaches(spawn_python, monkeypatch):
+    child = spawn_python(BUSY)
+    monkeypatch.setattr("gpuscope.tui.stacks.ATTRIBUTION_SECONDS", 1.0)
+    attached = []
+    monkeypatch.setattr("gpuscope.core.allocations.memray_suspects", lambda *a, **k: attached.append(a))
+    app = GpuScopeApp(FakeSource(frame_with(child.pid)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("a")
+        assert isinstance(app.screen, ConfirmAttach)
+        await pilot.press("s")
+        assert isinstance(app.screen, SuspectsScreen) and not app.screen.use_memray
+        await wait_for(pilot, lambda: "how the ladder was climbed" in tree_text(app.screen))
+        assert "memray: skipped" in tree_text(app.screen) and attached == []
+        await pilot.press("escape")
+        await pilot.press("a", "escape")  # asked again, and cancelled: nothing starts
+        assert not isinstance(app.screen, (ConfirmAttach, SuspectsScreen))
