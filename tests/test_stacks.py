@@ -4,12 +4,13 @@ import json
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from gpuscope.core import pyspy
 from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, StackFrame, classify, owner_frame
 
-from helpers import IDLER, gpuscope_cmd
+from helpers import IDLER, gpuscope_cmd, wait_until
 
 BUSY = """
 import threading, time
@@ -189,3 +190,20 @@ def test_stacks_command_json_and_errors(spawn_python):
         sleeper.kill()
         sleeper.wait()
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "not a Python process" in out.stderr
+
+
+def test_a_py_spy_killed_at_its_deadline_never_leaves_the_target_stopped(spawn_python):
+    child = spawn_python(BUSY)
+    with pytest.raises(pyspy.PySpyError, match="did not finish"):
+        pyspy.dump(child.pid, timeout=0.001)
+    target = psutil.Process(child.pid)
+    assert target.status() != psutil.STATUS_STOPPED
+    before = sum(target.cpu_times()[:2])
+    wait_until(lambda: sum(target.cpu_times()[:2]) > before, timeout=10, what="the target to keep running")
+
+
+def test_a_target_that_exits_while_being_sampled_keeps_what_was_sampled(spawn_python):
+    child = spawn_python(BUSY.replace("while True:\n    crunch()", "import time\nend = time.time() + 1.0\nwhile time.time() < end:\n    crunch()"))
+    sample = pyspy.sample(child.pid, 200, 0.02)
+    assert 0 < sample.samples < 200 and any("exited" in e for e in sample.errors)
+    assert any(f.function == "crunch" for p in sample.paths for f in p.frames)
