@@ -1,0 +1,393 @@
+"""The Prometheus source: the same signals as the scrape source, asked of a Prometheus server.
+
+Through prometheus-api-client (`PrometheusConnect`). Each read is at most two HTTP requests:
+the metric names under the --job/--instance filters (refreshed every `names_refresh_s`, for
+profile detection), and ONE instant query that carries the whole plan of the detected profile
+(gpuscope.core.profiles.plan), each part tagged with `label_replace(..., "gpuscope_query", KEY)`
+and joined with `or`, so a remote Prometheus costs one round trip a tick, not twenty.
+
+Also in that query, the fleet view: the GPUs whose memory grows fastest across everything the
+server scrapes from dcgm-exporter (`topk(N, deriv(DCGM_FI_DEV_FB_USED[5m]))`, not limited by
+--job/--instance: it is there to say which node to SSH into).
+
+Credentials: a bearer token (GPUSCOPE_PROMETHEUS_TOKEN) or basic auth (GPUSCOPE_PROMETHEUS_USER +
+GPUSCOPE_PROMETHEUS_PASSWORD), from the environment, else from the configuration file, else from
+the URL's `user:password@`. They are taken out of the URL, never shown, never logged; every
+message passes through redact_text. Requests have a timeout and a bounded retry with backoff
+(urllib3 `Retry`); the source itself keeps retrying on its own tick.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import requests
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from prometheus_api_client.prometheus_connect import PrometheusConnect
+from urllib3.util.retry import Retry
+
+from gpuscope.config import PrometheusConfig
+from gpuscope.core.profiles import (
+    Answer,
+    CounterSum,
+    GaugeAggregate,
+    MetricRef,
+    Profile,
+    Quantile,
+    Query,
+    assemble,
+    counter_names,
+    detect,
+    plan,
+    resolve,
+)
+from gpuscope.core.promql import Matcher
+from gpuscope.core.redact import redact_text
+from gpuscope.core.serving_model import Evaluation, FleetRow, Signals, SourceError
+
+ENV_TOKEN = "GPUSCOPE_PROMETHEUS_TOKEN"
+ENV_USER = "GPUSCOPE_PROMETHEUS_USER"
+ENV_PASSWORD = "GPUSCOPE_PROMETHEUS_PASSWORD"
+TAG = "gpuscope_query"  # the label that says which part of the combined query a result answers
+FLEET_METRIC = "DCGM_FI_DEV_FB_USED"  # dcgm-exporter: framebuffer memory used, MiB
+CONNECT_TIMEOUT_S = 2.0  # a server that does not accept within this is down (x retries + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusAuth:
+    """How to authenticate to Prometheus. Never printed: the secrets are out of the repr."""
+
+    token: str | None = field(default=None, repr=False)
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def resolve(
+        cls, url: str, env: Mapping[str, str] = os.environ, config: PrometheusConfig | None = None
+    ) -> tuple[str, PrometheusAuth]:
+        """(URL without credentials, auth): environment, then config file, then the URL.
+
+        Raises ValueError (one line, no secret in it) on an unusable combination."""
+        config = config or PrometheusConfig()
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--prometheus needs an http(s) URL, not {redact_text(url)!r}")
+        netloc, url_user, url_password = parts.netloc, None, None
+        if "@" in netloc:
+            userinfo, netloc = netloc.rsplit("@", 1)
+            user, _, password = userinfo.partition(":")
+            url_user, url_password = unquote(user) or None, unquote(password) or None
+        clean = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+        token = env.get(ENV_TOKEN) or config.token
+        user = env.get(ENV_USER) or config.user
+        password = env.get(ENV_PASSWORD) or config.password
+        if token:
+            return clean, cls(token=token)
+        if user or password:
+            if not (user and password):
+                missing = ENV_PASSWORD if user else ENV_USER
+                raise ValueError(f"basic auth for Prometheus needs both a user and a password: set {missing}")
+            return clean, cls(user=user, password=password)
+        if url_user:
+            return clean, cls(user=url_user, password=url_password or "")
+        return clean, cls()
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else None
+
+    def basic(self) -> tuple[str, str] | None:
+        return (self.user, self.password or "") if self.user else None
+
+
+def _range(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+class PromQL:
+    """PromQL for a plan's queries, with the --job/--instance matchers on every selector."""
+
+    def __init__(self, filters: Sequence[Matcher]) -> None:
+        self.filters = tuple(filters)
+
+    def selector(self, ref: MetricRef, kind: str) -> str:
+        s = ref.selector
+        if kind == "counter" and s.name is not None:
+            # `x` and `x_total` both: exposed names differ between servers (see exposition.py).
+            name = Matcher("__name__", "=~", "|".join(counter_names(s.name)))
+            inner = ",".join(m.promql() for m in (name, *s.label_matchers, *self.filters))
+            return f"{{{inner}}}"
+        if kind == "histogram":
+            s = s.renamed(f"{s.name}_bucket")
+        return s.promql(self.filters)
+
+    def query(self, query: Query, window_s: float) -> str:
+        def over_window(selector: str) -> str:
+            return f"rate({selector}[{_range(window_s)}])" if window_s > 0 else selector
+
+        if isinstance(query, Quantile):
+            by = "le" if query.by is None else f"le, {query.by}"
+            inner = over_window(self.selector(query.histogram, "histogram"))
+            return f"histogram_quantile({query.q!r}, sum by ({by}) ({inner}))"
+        if isinstance(query, CounterSum):
+            by = f" by ({query.by})" if query.by else ""
+            return f"sum{by} ({over_window(self.selector(query.counter, 'counter'))})"
+        assert isinstance(query, GaugeAggregate)
+        return f"{query.how}({self.selector(query.gauge, 'gauge')})"
+
+
+def combined(parts: Mapping[str, str]) -> str:
+    """One query answering every part, each result tagged with its key."""
+    return " or ".join(f'label_replace({expr}, "{TAG}", "{key}", "", "")' for key, expr in parts.items())
+
+
+def fleet_queries(limit: int, window_s: float) -> dict[str, str]:
+    growth = f"topk({limit}, deriv({FLEET_METRIC}[{_range(window_s)}]))"
+    # `and` keeps the used-memory series of those GPUs only (vector matching ignores the name).
+    return {"fleet.growth": growth, "fleet.used": f"{FLEET_METRIC} and {growth}"}
+
+
+def fleet_rows(growth: Sequence[dict], used: Sequence[dict]) -> tuple[FleetRow, ...]:
+    """Rows from the two fleet results (`{"metric": labels, "value": [t, "v"]}`), fastest first."""
+
+    def key(labels: Mapping[str, str]) -> tuple:
+        return tuple(sorted((k, v) for k, v in labels.items() if k not in ("__name__", TAG)))
+
+    def first(labels: Mapping[str, str], *names: str) -> str | None:
+        return next((labels[n] for n in names if labels.get(n)), None)
+
+    used_by_key = {key(r["metric"]): _number(r["value"][1]) for r in used}
+    rows = []
+    for r in growth:
+        labels = r["metric"]
+        rows.append(
+            FleetRow(
+                host=first(labels, "Hostname", "hostname", "instance"),
+                gpu=first(labels, "gpu"),
+                uuid=first(labels, "UUID", "gpu_uuid"),
+                pod=first(labels, "pod", "pod_name"),
+                namespace=first(labels, "namespace", "pod_namespace"),
+                used_mib=used_by_key.get(key(labels)),
+                growth_mib_per_s=_number(r["value"][1]),
+            )
+        )
+    rows.sort(key=lambda row: -(row.growth_mib_per_s if row.growth_mib_per_s is not None else float("-inf")))
+    return tuple(rows)
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusReading:
+    """One read: Prometheus evaluated the plan, so the reading is already an evaluation."""
+
+    time: float
+    evaluation: Evaluation
+    fleet: tuple[FleetRow, ...]
+
+
+class PrometheusCollector:
+    """One Prometheus server (with optional job/instance filters) as a serving source."""
+
+    source = "prometheus"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        window_s: float,
+        profiles: Sequence[Profile],
+        job: str | None = None,
+        instance: str | None = None,
+        auth: PrometheusAuth | None = None,
+        timeout: float = 5.0,
+        retries: int = 2,
+        fleet_limit: int = 10,
+        fleet_window_s: float = 300.0,
+        names_refresh_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        clean, url_auth = PrometheusAuth.resolve(url, env={})
+        self.url = clean
+        self.window_s = window_s
+        self.timeout = timeout
+        self._profiles = tuple(profiles)
+        self._filters = tuple(Matcher(k, "=", v) for k, v in (("job", job), ("instance", instance)) if v)
+        self._promql = PromQL(self._filters)
+        self._fleet = fleet_queries(fleet_limit, fleet_window_s)
+        self._names_refresh_s = names_refresh_s
+        self._clock = clock
+        self._names: list[str] | None = None
+        self._names_at = 0.0
+        self._lock = threading.Lock()
+        self._last: PrometheusReading | None = None
+        auth = auth if auth is not None and (auth.token or auth.user) else url_auth
+        shown = ",".join(m.promql() for m in self._filters)
+        self.target = redact_text(clean) + (f"{{{shown}}}" if shown else "")
+        retry = Retry(
+            total=retries,
+            connect=retries,
+            read=retries,
+            status=retries,
+            backoff_factor=0.25,  # 0.25 s, 0.5 s: bounded, well inside one tick of a few seconds
+            status_forcelist=(502, 503, 504),
+            allowed_methods=frozenset({"GET", "POST"}),
+            raise_on_status=False,
+        )
+        session = requests.Session()
+        host = urlsplit(clean).hostname or ""
+        # A loopback server is never reached through an http_proxy from the environment.
+        session.trust_env = not (host in ("localhost", "::1") or host.startswith("127."))
+        self._client = PrometheusConnect(
+            url=clean,
+            headers=auth.headers(),
+            auth=auth.basic(),
+            retry=retry,
+            timeout=(min(timeout, CONNECT_TIMEOUT_S), timeout),  # (connect, read), as requests takes it
+            session=session,
+        )
+
+    @property
+    def target_names(self) -> list[str]:
+        return [self.target]
+
+    def readers(self) -> list[Callable[[], PrometheusReading]]:
+        return [self.read]
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- one read ---------------------------------------------------------------------------------
+
+    def read(self) -> PrometheusReading:
+        """Ask Prometheus for everything. Raises SourceError (redacted, one line)."""
+        now = self._clock()
+        names = self._call(self._metric_names, now)
+        profile = detect(self._profiles, names)
+        resolved = resolve(profile, names) if profile else None
+        queries = plan(resolved, self.window_s) if resolved else {}
+        parts = {key: self._promql.query(q, self.window_s) for key, q in queries.items()}
+        results = self._call(self._client.custom_query, combined({**parts, **self._fleet}))
+        try:
+            answers, fleet = _split(results, queries)
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise self._not_prometheus() from None
+        if resolved is None:
+            return PrometheusReading(now, Evaluation(None, Signals()), fleet)
+        signals, stages = assemble(resolved, self.window_s, answers)
+        return PrometheusReading(now, Evaluation(resolved.profile.name, signals, stages), fleet)
+
+    def _call(self, request: Callable, *args):
+        """One HTTP exchange with Prometheus, its failures turned into SourceError."""
+        slow = f"no answer from Prometheus at {self.target} within {self.timeout:g} s"
+        try:
+            return request(*args)
+        except requests.exceptions.Timeout:
+            raise SourceError(slow, unreachable=True) from None
+        except requests.exceptions.ConnectionError as exc:  # also timeouts, once retries are spent
+            reason = _connection_reason(exc)
+            message = slow if reason == "timed out" else f"cannot reach Prometheus at {self.target}: {reason}"
+            raise SourceError(message, unreachable=True) from None
+        except (ValueError, KeyError, TypeError):  # a 200 answer that is not the JSON API
+            raise self._not_prometheus() from None  # (requests' JSONDecodeError is a ValueError)
+        except requests.exceptions.RequestException as exc:
+            raise SourceError(f"Prometheus at {self.target}: {type(exc).__name__}", unreachable=True) from None
+        except PrometheusApiClientException as exc:
+            raise SourceError(self._http_error(str(exc)), unreachable=False) from None
+
+    def _not_prometheus(self) -> SourceError:
+        return SourceError(f"{self.target} does not answer like a Prometheus server (not its JSON API)", unreachable=False)
+
+    def _metric_names(self, now: float) -> list[str]:
+        if self._names is None or now - self._names_at >= self._names_refresh_s:
+            params = {"match[]": "{" + ",".join(m.promql() for m in self._filters) + "}"} if self._filters else None
+            names = self._client.get_label_values("__name__", params=params)
+            if not isinstance(names, list):
+                raise ValueError("label values are not a list")
+            self._names, self._names_at = [str(n) for n in names], now
+        return self._names
+
+    def _http_error(self, text: str) -> str:
+        m = re.match(r"HTTP Status Code (\d+)", text)
+        status = int(m[1]) if m else None
+        detail = re.search(r'"error"\s*:\s*"((?:[^"\\]|\\.)*)"', text)
+        if status in (401, 403):
+            return (
+                f"Prometheus at {self.target} refused the credentials (HTTP {status}): "
+                f"set {ENV_TOKEN}, or {ENV_USER} and {ENV_PASSWORD}"
+            )
+        what = f": {redact_text(detail[1])[:300]}" if detail else ""
+        if status in (400, 422):
+            return f"Prometheus at {self.target} rejected the query (HTTP {status}){what}"
+        return f"Prometheus at {self.target} answered HTTP {status if status else '?'}{what}"
+
+    # -- the source interface -------------------------------------------------------------------------
+
+    def record(self, index: int, reading: PrometheusReading) -> None:
+        with self._lock:
+            self._last = reading
+
+    def record_failure(self, index: int) -> None:
+        pass  # the last good answer stays the answer; the state says it is not current
+
+    @property
+    def malformed_lines(self) -> int:
+        return 0  # Prometheus parsed the scrapes; gpuscope never sees their text
+
+    @property
+    def fleet(self) -> tuple[FleetRow, ...]:
+        with self._lock:
+            return self._last.fleet if self._last else ()
+
+    def evaluate(self) -> Evaluation:
+        with self._lock:
+            last = self._last
+        return last.evaluation if last else Evaluation(None, Signals())
+
+
+def _split(results: Sequence[dict], queries: Mapping[str, Query]) -> tuple[dict[str, Answer], tuple[FleetRow, ...]]:
+    answers: dict[str, Answer] = {}
+    growth: list[dict] = []
+    used: list[dict] = []
+    for r in results:
+        labels = dict(r["metric"])
+        key = labels.pop(TAG, None)
+        if key == "fleet.growth":
+            growth.append(r)
+        elif key == "fleet.used":
+            used.append(r)
+        elif key in queries:
+            by = getattr(queries[key], "by", None)
+            group = labels.get(by, "") if by else None
+            answers.setdefault(key, {})[group] = float(r["value"][1])
+    return answers, fleet_rows(growth, used)
+
+
+_CONNECTION_REASONS = (
+    ("Connection refused", "connection refused"),
+    ("Name or service not known", "unknown host"),
+    ("nodename nor servname", "unknown host"),
+    ("Temporary failure in name resolution", "unknown host"),
+    ("No route to host", "no route to host"),
+    ("Network is unreachable", "network unreachable"),
+    ("timed out", "timed out"),
+)
+
+
+def _connection_reason(exc: BaseException) -> str:
+    """A requests ConnectionError's cause in a few words, never its text: that holds the URL
+    path and the whole query. (urllib3 puts the socket error's words into that text.)"""
+    text = str(exc)
+    return next((reason for needle, reason in _CONNECTION_REASONS if needle in text), "connection failed")
