@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--refresh", type=_seconds(0.25), default=1.0, metavar="SECONDS", help="seconds between samples (default 1)"
     )
     parser.add_argument("--theme", metavar="NAME", help="colour theme (default gpuscope-dark)")
+    service = parser.add_mutually_exclusive_group()
+    service.add_argument("--metrics-url", action="append", metavar="URL", help="the service's /metrics (repeatable)")
+    service.add_argument("--prometheus", metavar="URL", help="a Prometheus server that scrapes the service")
+    parser.add_argument("--job", metavar="J", help="with --prometheus: only this job label")
+    parser.add_argument("--instance", metavar="I", help="with --prometheus: only this instance label")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     ps = sub.add_parser("ps", help="one-shot GPU + host process table", description="One-shot GPU + host process table.")
@@ -183,14 +188,39 @@ def terminal_check() -> None:
         )
 
 
+CONSOLE_WINDOW_S = 30.0  # the serving signals' rate and quantile window in the console
+
+
+def serving_source(args: argparse.Namespace, metrics_urls: list[str] | None = None):
+    """The console's serving-metrics source from --metrics-url / --prometheus, or None."""
+    urls = metrics_urls or args.metrics_url
+    if not urls and not args.prometheus:
+        if args.job or args.instance:
+            raise UsageError("--job and --instance go with --prometheus")
+        return None, None
+    from gpuscope.config import ConfigError, load_config
+    from gpuscope.core.serving import ServingSource, make_collector
+
+    try:
+        config = load_config()
+        collector = make_collector(
+            window_s=CONSOLE_WINDOW_S, metrics_urls=urls, prometheus=None if urls else args.prometheus,
+            job=args.job, instance=args.instance, config=config,
+        )
+    except (ConfigError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    return ServingSource(collector, interval=args.refresh), config.slo
+
+
 def cmd_console(args: argparse.Namespace) -> int:
     if args.pid is not None:
         attach_check(args.pid)
+    serving, slo = serving_source(args)
     terminal_check()
     from gpuscope.core.node import NodeSource
     from gpuscope.tui.app import GpuScopeApp
 
     source = NodeSource(interval=args.refresh, focus_pid=args.pid)
-    app = GpuScopeApp(source, theme=args.theme)
+    app = GpuScopeApp(source, theme=args.theme, serving=serving, slo=slo)
     app.run()
     return app.return_code or 0

@@ -16,6 +16,10 @@ same as an empty one.
     detect = ["mysvc_*"]
     e2e = "mysvc_request_seconds"
 
+    [slo]                             # when the console colours a latency as breaching
+    ttft_p95_s = 0.8
+    e2e_latency_p95_s = 4.0
+
 A bad file is one `ConfigError` line naming the file, the line when it is known, and the key.
 Sections are checked here; what a section's keys mean is checked by the module that uses them
 (profiles by gpuscope.core.profiles), through `Config.error()` so every message looks the same.
@@ -40,7 +44,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 ENV_CONFIG = "GPUSCOPE_CONFIG"
-SECTIONS = ("prometheus", "profiles")
+SECTIONS = ("prometheus", "profiles", "slo")
 PROMETHEUS_KEYS = ("url", "token", "user", "password")
 
 
@@ -63,6 +67,14 @@ class PrometheusConfig:
     password: str | None = field(default=None, repr=False)
 
 
+@dataclass(frozen=True, slots=True)
+class SloConfig:
+    """Service-level objectives: a P95 above these is shown as a breach. Defaults from practice."""
+
+    ttft_p95_s: float = 0.8
+    e2e_latency_p95_s: float = 4.0
+
+
 @dataclass(frozen=True)
 class Config:
     """The parsed file. `profiles` is the raw `[profiles.*]` tables (validated by profiles.py)."""
@@ -71,6 +83,7 @@ class Config:
     text: str = field(default="", repr=False)
     prometheus: PrometheusConfig = PrometheusConfig()
     profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    slo: SloConfig = SloConfig()
 
     def error(self, keys: tuple[str, ...], message: str) -> ConfigError:
         """A ConfigError for the value at `keys` (e.g. ("profiles", "vllm", "ttft"))."""
@@ -133,7 +146,20 @@ def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -
         text=text,
         prometheus=_prometheus(shell, data.get("prometheus", {})),
         profiles=data.get("profiles", {}),
+        slo=_slo(shell, data.get("slo", {})),
     )
+
+
+def _slo(shell: Config, table: Mapping[str, Any]) -> SloConfig:
+    known = SloConfig.__slots__
+    values: dict[str, float] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise shell.error(("slo", key), f"unknown key (known: {', '.join(known)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise shell.error(("slo", key), "expected a positive number of seconds")
+        values[key] = float(value)
+    return SloConfig(**values)
 
 
 def _prometheus(shell: Config, table: Mapping[str, Any]) -> PrometheusConfig:

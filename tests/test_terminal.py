@@ -122,6 +122,9 @@ def test_demo_console_stops_everything_it_started(tmux_session, ending):
                           what="the demo service and load generator")
     service = next(p for p in children if "gpuscope.demo.service" in " ".join(p.cmdline()))
     wait_until(lambda: f"PID {service.pid}" in tmux.screen(), timeout=60, what="the console attached to the service")
+    # The demo's /metrics feed the service panel: the rag profile and its three stages.
+    wait_until(lambda: "SERVICE rag" in tmux.screen() and "retriever" in tmux.screen() and "llm" in tmux.screen(),
+               timeout=60, what="the service panel")
     if ending == "ctrl-c":
         tmux.keys("C-c")
     else:

@@ -24,14 +24,17 @@ from textual.widgets import Footer, Input
 
 from gpuscope import __version__
 from gpuscope.core.model import Frame
+from gpuscope.config import SloConfig
+from gpuscope.core.serving import ServingSource
 from gpuscope.core.source import Source
 from gpuscope.theme_files import DEFAULT_THEME, VARIABLE_DEFAULTS, ThemeSpec, load_themes
 from gpuscope.tui.chart import MemoryChart
 from gpuscope.tui.detail import ProcessPanel
 from gpuscope.tui.devices import DevicesPanel
 from gpuscope.tui.help import HelpScreen
-from gpuscope.tui.messages import FrameReady
+from gpuscope.tui.messages import FrameReady, ServingReady
 from gpuscope.tui.processes import SORTS, ProcessTable
+from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 from gpuscope.tui.textlines import TextLines
 
@@ -64,9 +67,13 @@ class GpuScopeApp(App):
         Binding("escape", "escape", "Detach", show=False),
     ]
 
-    def __init__(self, source: Source, *, theme: str | None = None) -> None:
+    def __init__(
+        self, source: Source, *, theme: str | None = None, serving: ServingSource | None = None, slo: SloConfig | None = None
+    ) -> None:
         super().__init__()
         self.source = source
+        self.serving = serving
+        self.slo = slo
         self._theme_name = theme or DEFAULT_THEME
         self.frame: Frame | None = None
         self._charted_pid: int | None = None  # what the source was last asked to chart
@@ -126,6 +133,7 @@ class GpuScopeApp(App):
             yield TextLines("gpuscope", id="title")
             yield TextLines("", id="clock")  # its own widget: the clock ticking resends 8 cells, not the bar
         yield DevicesPanel(id="devices")
+        yield ServicePanel(self.slo, id="service")
         yield ProcessTable(id="processes")
         with Horizontal(id="bottom"):
             yield MemoryChart(id="chart")
@@ -151,6 +159,8 @@ class GpuScopeApp(App):
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
         self.source.start(lambda frame: self.post_message(FrameReady(frame)))
+        if self.serving is not None:
+            self.serving.start(lambda snapshot: self.post_message(ServingReady(snapshot)))
         self._started = True
 
     def add_cleanup(self, cleanup: Callable[[], object]) -> None:
@@ -162,7 +172,7 @@ class GpuScopeApp(App):
         # writer thread has died on the dead terminal, so if the normal exit has not finished in a
         # moment, do what must be done (stop the source, run the cleanups) and leave.
         def fallback() -> None:
-            self.source.stop()
+            self._stop_sources()
             for cleanup in self._cleanups:
                 try:
                     cleanup()
@@ -175,9 +185,14 @@ class GpuScopeApp(App):
         timer.start()
         self.exit(return_code=HANGUP_EXIT)
 
+    def _stop_sources(self) -> None:
+        self.source.stop()
+        if self.serving is not None:
+            self.serving.stop()
+
     def on_unmount(self) -> None:
         if self._started:
-            self.source.stop()
+            self._stop_sources()
 
     def on_resize(self, event) -> None:
         self.set_class(event.size.width < 100, "narrow")
@@ -199,6 +214,9 @@ class GpuScopeApp(App):
                 table.select_pid(frame.selected_pid)
             self.query_one(MemoryChart).show(frame.chart)
             self.query_one(ProcessPanel).show(frame)
+
+    def on_serving_ready(self, message: ServingReady) -> None:
+        self.query_one(ServicePanel).show(message.snapshot)
 
     def _show_title(self, frame: Frame) -> None:
         table = self.query_one(ProcessTable)

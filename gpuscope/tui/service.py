@@ -1,0 +1,107 @@
+"""The service panel: what the memory problem does to the service.
+
+Three lines: where the numbers come from and whether the source answers; the headline signals
+with a sparkline of their recent history (latency over its SLO is coloured and marked "!"); and
+the pipeline's stages with their share of the request time as bars. When the target stops
+answering, the panel says since when instead of showing stale numbers as if they were current.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+
+from gpuscope.config import SloConfig
+from gpuscope.core.changepoint import latency_jump
+from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.tui.textlines import TextLines
+
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_POINTS = 8
+
+
+def sparkline(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return " " * SPARK_POINTS
+    lo, hi = min(known), max(known)
+    span = hi - lo or 1.0
+    cells = [" " if v is None else SPARK[min(7, int((v - lo) / span * 7.999))] for v in values[-SPARK_POINTS:]]
+    return "".join(cells).rjust(SPARK_POINTS)
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
+
+
+def number(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+class ServicePanel(TextLines):
+    DEFAULT_CSS = """
+    ServicePanel { height: auto; padding: 0 1; background: $surface; }
+    ServicePanel.empty { display: none; }
+    """
+
+    def __init__(self, slo: SloConfig | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.slo = slo or SloConfig()
+        self.add_class("empty")
+
+    def show(self, snap: ServingSnapshot) -> None:
+        self.remove_class("empty")
+        self.set_text(self.render_snapshot(snap))
+
+    def render_snapshot(self, snap: ServingSnapshot) -> Text:
+        s = snap.signals
+        text = Text()
+        text.append("SERVICE ", style="bold")
+        text.append(f"{snap.profile or 'unknown profile'} · {snap.source} {snap.target}")
+        if snap.ok:
+            text.append(f" · {snap.window_s:g} s window")
+        else:
+            text.append(f" · ✖ {snap.state}", style="bold red")
+            if snap.as_of:
+                text.append(f" (numbers as of {time.strftime('%H:%M:%S', time.localtime(snap.as_of))})", style="dim")
+        jump = latency_jump(snap.series("e2e_latency_p99_s"))
+        if jump is not None:
+            text.append(
+                f" · ▲ P99 jumped {seconds(jump.before)}→{seconds(jump.after)} at "
+                f"{time.strftime('%H:%M:%S', time.localtime(jump.started))}",
+                style="bold yellow",
+            )
+        text.append("\n")
+        stale = "" if snap.ok else "dim"
+        self._signal(text, "P95", seconds(s.e2e_latency_p95_s), snap, "e2e_latency_p95_s", self.slo.e2e_latency_p95_s, stale)
+        self._signal(text, "P99", seconds(s.e2e_latency_p99_s), snap, "e2e_latency_p99_s", None, stale)
+        self._signal(text, "TTFT95", seconds(s.ttft_p95_s), snap, "ttft_p95_s", self.slo.ttft_p95_s, stale)
+        self._signal(text, "TPOT95", seconds(s.tpot_p95_s), snap, "tpot_p95_s", None, stale)
+        self._signal(text, "tok/s", number(s.tokens_per_s), snap, "tokens_per_s", None, stale)
+        text.append(
+            f"req/s {number(s.requests_per_s)}  err {number(None if s.error_rate is None else 100 * s.error_rate)}%  "
+            f"queue {number(s.queue_depth, '{:.0f}')}  KV {number(None if s.kv_cache_usage is None else 100 * s.kv_cache_usage, '{:.0f}%')}",
+            style=stale,
+        )
+        if snap.stages:
+            text.append("\n")
+            for stage in snap.stages:
+                share = stage.share or 0.0
+                filled = round(share * 10)
+                text.append(f"{stage.name} ")
+                text.append("█" * filled, style="cyan")
+                text.append("░" * (10 - filled), style="dim")
+                text.append(f" {seconds(stage.p50_s)}/{seconds(stage.p95_s)} {share * 100:.0f}%   ", style=stale)
+        text.rstrip()
+        return text
+
+    @staticmethod
+    def _signal(text: Text, label: str, value: str, snap: ServingSnapshot, name: str, slo: float | None, style: str) -> None:
+        current = snap.signals.get(name)
+        breach = slo is not None and current is not None and current > slo
+        text.append(f"{label} ", style=style)
+        text.append(f"{'!' if breach else ''}{value}", style="bold red" if breach else style or "bold")
+        text.append(f" {sparkline([v for _, v in snap.series(name)])}  ", style="dim")

@@ -1,0 +1,67 @@
+"""The service panel over injected serving snapshots (Pilot)."""
+
+from gpuscope.config import SloConfig
+from gpuscope.core.serving_model import ServingSnapshot, SignalPoint, Signals, StageStats
+from gpuscope.tui.app import GpuScopeApp
+from gpuscope.tui.service import ServicePanel
+
+from frames import T0, FakeSource, frame
+
+
+class FakeServing:
+    def __init__(self, *snapshots):
+        self.snapshots = snapshots
+        self.stopped = False
+
+    def start(self, on_snapshot):
+        for s in self.snapshots:
+            on_snapshot(s)
+
+    def stop(self):
+        self.stopped = True
+
+
+def snapshot(**changes) -> ServingSnapshot:
+    history = tuple(
+        SignalPoint(T0 - 60 + i, Signals(e2e_latency_p95_s=0.5, e2e_latency_p99_s=0.6 if i < 40 else 2.0, tokens_per_s=100.0 + i))
+        for i in range(60)
+    )
+    base = dict(
+        time=T0, source="scrape", target="http://127.0.0.1:8000/metrics", profile="rag", window_s=30.0,
+        signals=Signals(e2e_latency_p50_s=0.3, e2e_latency_p95_s=0.5, e2e_latency_p99_s=2.0, ttft_p95_s=0.95,
+                        tpot_p95_s=0.012, tokens_per_s=160.0, requests_per_s=9.5, error_rate=0.0, queue_depth=3.0),
+        stages=(StageStats("retriever", 0.02, 0.06, 0.07, 0.1), StageStats("llm", 0.3, 0.45, 0.5, 0.9)),
+        history=history, as_of=T0,
+    )
+    base.update(changes)
+    return ServingSnapshot(**base)
+
+
+async def test_signals_stages_slo_breach_and_latency_jump():
+    serving = FakeServing(snapshot())
+    app = GpuScopeApp(FakeSource(frame()), serving=serving, slo=SloConfig(ttft_p95_s=0.8))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        text = app.query_one(ServicePanel).text.plain
+        assert "SERVICE rag · scrape http://127.0.0.1:8000/metrics" in text
+        assert "TTFT95 !950ms" in text  # over its 800 ms SLO: marked, not only coloured
+        assert "P95 500ms" in text and "tok/s 160.0" in text and "queue 3" in text
+        assert "retriever █░░░░░░░░░ 20ms/60ms 10%" in text and "llm █████████░" in text
+        assert "▲ P99 jumped 600ms→2.00s" in text
+    assert serving.stopped
+
+
+async def test_an_unreachable_target_says_since_when_not_stale_numbers():
+    down = snapshot(state="unreachable since 12:03:41, retrying (connection refused)")
+    app = GpuScopeApp(FakeSource(frame()), serving=FakeServing(down))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        text = app.query_one(ServicePanel).text.plain
+        assert "✖ unreachable since 12:03:41, retrying" in text and "numbers as of" in text
+
+
+async def test_no_serving_source_no_panel():
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert not app.query_one(ServicePanel).display
