@@ -1,7 +1,7 @@
 """The service panel over injected serving snapshots (Pilot)."""
 
 from gpuscope.config import SloConfig
-from gpuscope.core.serving_model import ServingSnapshot, SignalPoint, Signals, StageStats
+from gpuscope.core.serving_model import FleetRow, ServingSnapshot, SignalPoint, Signals, StageStats
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.service import ServicePanel
 
@@ -65,3 +65,13 @@ async def test_no_serving_source_no_panel():
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert not app.query_one(ServicePanel).display
+
+
+async def test_the_fleet_view_names_where_memory_grows_fastest():
+    fleet = (FleetRow("node-7", "3", "GPU-x", "vllm-0", "serving", 70_000.0, 12.5),
+             FleetRow("node-2", "0", "GPU-y", None, None, 40_000.0, 0.1))
+    app = GpuScopeApp(FakeSource(frame()), serving=FakeServing(snapshot(source="prometheus", fleet=fleet)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        text = app.query_one(ServicePanel).text.plain
+        assert "FLEET growth node-7/gpu3/vllm-0 +12.5 MiB/s" in text and "node-2/gpu0 +0.1 MiB/s" in text

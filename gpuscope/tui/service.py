@@ -95,6 +95,12 @@ class ServicePanel(TextLines):
                 text.append("█" * filled, style="cyan")
                 text.append("░" * (10 - filled), style="dim")
                 text.append(f" {seconds(stage.p50_s)}/{seconds(stage.p95_s)} {share * 100:.0f}%   ", style=stale)
+        if snap.fleet:
+            text.append("\nFLEET growth ", style="bold")
+            for row in snap.fleet[:4]:
+                where = "/".join(x for x in (row.host, f"gpu{row.gpu}" if row.gpu is not None else None, row.pod) if x)
+                rate = "-" if row.growth_mib_per_s is None else f"{row.growth_mib_per_s:+.1f} MiB/s"
+                text.append(f"{where} {rate}   ")
         text.rstrip()
         return text
 
