@@ -105,6 +105,22 @@ def build_parser() -> argparse.ArgumentParser:
     stacks.add_argument("--locals", action="store_true", help="include local variables (they can hold secrets)")
     stacks.add_argument("--json", action="store_true", help="JSON output")
 
+    diag = sub.add_parser(
+        "diagnose",
+        help="the seven-step diagnosis of one process",
+        description="Watch a process, its GPU and its service, find what grows and the code that allocates it.",
+    )
+    diag.add_argument("--pid", type=_pid, required=True, help="the process")
+    diag.add_argument("--duration", type=_seconds(5.0), default=30.0, metavar="S", help="seconds to watch (default 30)")
+    where = diag.add_mutually_exclusive_group()
+    where.add_argument("--metrics-url", action="append", metavar="URL", help="the service's /metrics (repeatable)")
+    where.add_argument("--prometheus", metavar="URL", help="a Prometheus server that scrapes the service")
+    diag.add_argument("--job", metavar="J", help="with --prometheus: only this job label")
+    diag.add_argument("--instance", metavar="I", help="with --prometheus: only this instance label")
+    diag.add_argument("--json", action="store_true", help="the gpuscope.diagnosis/1 JSON object")
+    diag.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (mode 0600) instead of stdout")
+    diag.add_argument("--no-inject", action="store_true", help="never attach memray (nothing runs inside the process)")
+
     demo = sub.add_parser(
         "demo",
         help="sample leaking RAG service + console",
@@ -136,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpuscope.commands import stacks
 
             return stacks.run(args)
+        if args.command == "diagnose":
+            from gpuscope.commands import diagnose
+
+            return diagnose.run(args)
         if args.command == "demo":
             from gpuscope.demo.run import run_demo
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gpuscope.core.diagnosis import Evidence, Series
 from gpuscope.core.model import Device, Frame, HostMemory, MemorySeries, NvmlReading, ProcessDetail, ProcessRow
 
 GIB = 1 << 30
@@ -62,17 +63,27 @@ def no_nvml_frame() -> Frame:
     )
 
 
+def leaking_evidence(pid: int = 4242, seconds: int = 60, rate: float = 6e6) -> Evidence:
+    """A minute of a process whose RSS floor rises `rate` bytes/s (with a little noise)."""
+    times = tuple(float(t - seconds) for t in range(seconds + 1))
+    rss = tuple(200e6 + rate * (t + seconds) + (3e5 if t % 7 == 0 else 0.0) for t in times)
+    return Evidence(pid=pid, command="python serve.py --api-key ***", duration_s=float(seconds),
+                    rss=Series(times, rss), processes=rows(), nvml_status="NVML unavailable: no NVIDIA driver")
+
+
 class FakeSource:
     """A Source that sends the frames the test gives it and records what the console asked."""
 
     kind = "live"
 
-    def __init__(self, *frames: Frame) -> None:
+    def __init__(self, *frames: Frame, evidence: Evidence | None = None) -> None:
         self.frames = list(frames)
         self.selected: list[int | None] = []
         self.focused: list[int | None] = []
         self.on_frame = None
         self.stopped = False
+        self.evidence_asked: list[int] = []
+        self._evidence = evidence
 
     def start(self, on_frame) -> None:
         self.on_frame = on_frame
@@ -90,3 +101,7 @@ class FakeSource:
 
     def focus(self, pid) -> None:
         self.focused.append(pid)
+
+    def evidence(self, pid, seconds):
+        self.evidence_asked.append(pid)
+        return self._evidence or leaking_evidence(pid)

@@ -322,31 +322,33 @@ def assert_nothing_left(children: set[int], service_url: str) -> None:
         assert service_url not in " ".join(p.info["cmdline"] or []), f"left running: {p.pid}"
 
 
-def test_headless_json_reports_growth_and_cleans_up():
-    done, children = run_demo_watching_children("--headless", "--duration", "8", "--json")
+def test_headless_json_is_the_diagnosis_of_the_service_and_cleans_up():
+    done, children = run_demo_watching_children("--headless", "--duration", "10", "--json")
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     report = json.loads(done.stdout)
-    assert report["schema"] == "gpuscope.demo/1"
-    assert report["pid"] in children
-    assert report["service_url"].startswith("http://127.0.0.1:")
+    assert report["schema"] == "gpuscope.diagnosis/1"
+    assert report["pid"] in children and "gpuscope.demo.service" in report["command"]
     memory = report["memory"]
-    assert memory["source"] in ("rss", "gpu")
-    assert memory["samples"] >= 8
-    assert memory["growth_bytes_per_s"] > 0
-    assert memory["end_bytes"] > memory["start_bytes"]
-    assert report["requests_served"] > 0 and report["leak_enabled"] is True
+    assert memory["source"] in ("rss", "gpu") and memory["samples"] >= 8
+    assert memory["growth_bytes_per_s"] > 0 and memory["end_bytes"] > memory["start_bytes"]
+    assert report["verdict"] == "leak"
+    assert [s["number"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6, 7]
+    throughput = report["steps"][2]
+    assert throughput["status"] != "skipped" and throughput["evidence"]["profile"] == "rag"
+    assert report["suspects"], report["steps"][6]
     # Both children were seen, and neither outlived the run.
     assert len(children) >= 2
-    assert_nothing_left(children, report["service_url"])
+    url = re.search(r"http://127\.0\.0\.1:\d+", done.stderr).group(0)
+    assert_nothing_left(children, url)
 
 
-def test_headless_text_summary():
-    done, children = run_demo_watching_children("--headless", "--duration", "5")
+def test_headless_text_report():
+    done, children = run_demo_watching_children("--headless", "--duration", "6")
     assert done.returncode == 0, done.stderr
-    first = done.stdout.splitlines()[0]
-    assert re.match(r"demo service PID \d+: RSS \S+ -> \S+ over \d+ s, growing \+\d+\.\d\d MB/s \(floor trend\)$", first), first
-    url = re.search(r"http://127\.0\.0\.1:\d+", done.stdout).group(0)
+    assert re.match(r"# gpuscope diagnosis of PID \d+$", done.stdout.splitlines()[0])
+    assert "## 7. Code path" in done.stdout
+    url = re.search(r"http://127\.0\.0\.1:\d+", done.stderr).group(0)
     assert_nothing_left(children, url)
 
 

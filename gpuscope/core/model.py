@@ -131,6 +131,21 @@ class MemorySeries:
 
 
 @dataclass(frozen=True, slots=True)
+class Alert:
+    """A memory series the leak detector currently calls a leak."""
+
+    kind: str  # "device" (a GPU's used memory), "gpu" (a process on a GPU) or "rss"
+    pid: int | None
+    device: int | None
+    label: str  # what is growing, for a person: "PID 123 python serve.py (RSS)", "GPU0 NVIDIA H200"
+    growth_bytes_per_s: float
+    since: float | None  # wall-clock time the growth started
+    time_to_full_s: float | None  # device memory only
+    confidence: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Frame:
     """Everything the console shows at one instant."""
 
@@ -144,3 +159,4 @@ class Frame:
     selected_pid: int | None = None
     chart: MemorySeries | None = None
     source: str = "live"  # "live" or "replay"
+    alerts: tuple[Alert, ...] = ()  # fastest growth first

@@ -17,7 +17,10 @@ from dataclasses import dataclass, replace
 
 from gpuscope.core.growth import floor_growth
 from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess, is_python
+from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series
+from gpuscope.core.leak import LeakAlert, LeakWatch
 from gpuscope.core.model import (
+    Alert,
     Frame,
     GpuUse,
     HostMemory,
@@ -106,6 +109,8 @@ class NodeSource:
         self._host_error: str | None = None
         self._last: HostSnapshot | None = None
         self._emit_lock = threading.Lock()
+        self._watch = LeakWatch()  # fed and updated on the host poller's thread only
+        self._alerts: tuple[Alert, ...] = ()
         self._hostname = socket.gethostname()
         self._container = in_container()
         timeout = read_timeout if read_timeout is not None else max(5.0, 3 * interval)
@@ -200,7 +205,20 @@ class NodeSource:
         self._record(snap)
         self.store.prune(snap.time)
         self._last = snap
+        self._alerts = tuple(self._alert(a, snap) for a in self._watch.update())
 
+    def _alert(self, alert: LeakAlert, snap: HostSnapshot) -> Alert:
+        kind, ident = alert.key[0], alert.key[1]
+        a = alert.assessment
+        if kind == "device":
+            device = next((d for d in self._nvml_reading.devices if d.index == ident), None)
+            label, pid, index = f"GPU{ident} {device.name if device else ''}".strip(), None, ident
+        else:
+            proc = next((p for p in snap.processes if p.pid == ident), None)
+            what = "GPU memory" if kind == "gpu" else "RSS"
+            command = (proc.command[:48] + "…" if len(proc.command) > 48 else proc.command) if proc else "(exited)"
+            label, pid, index = f"PID {ident} {command} ({what})", ident, alert.key[3] if kind == "gpu" else None
+        return Alert(kind, pid, index, label, alert.growth_bytes_per_s, a.since, a.time_to_full_s, a.confidence, a.reason)
     def _emit_cached(self) -> None:
         if self._last is not None:
             self._emit(self._frame(self._last))
@@ -220,13 +238,18 @@ class NodeSource:
 
     def _record(self, snap: HostSnapshot) -> None:
         uses = self._uses_by_pid()
+        watch = self._watch
+        for d in self._nvml_reading.devices:
+            watch.add(("device", d.index), snap.time, d.memory_used, total_bytes=d.memory_total)
         for p in snap.processes:
             self.store.add(("rss", p.pid, p.create_time), snap.time, p.rss_bytes)
+            watch.add(("rss", p.pid, p.create_time), snap.time, p.rss_bytes)
             mine = uses.get(p.pid, [])
             if not mine:
                 continue  # no GPU series for host-only processes (the chart reads N/A)
             for u in mine:
                 self.store.add(("gpu", p.pid, p.create_time, u.device), snap.time, u.memory)
+                watch.add(("gpu", p.pid, p.create_time, u.device), snap.time, u.memory)
             known = [u.memory for u in mine if u.memory is not None]
             self.store.add(("gpu", p.pid, p.create_time), snap.time, sum(known) if known else None)
 
@@ -267,6 +290,7 @@ class NodeSource:
             focus=snap.detail,
             selected_pid=self._selected,
             chart=self._chart(snap),
+            alerts=self._alerts,
         )
 
     def _notices(self, snap: HostSnapshot, uses: dict[int, list[GpuUse]]) -> tuple[str, ...]:
@@ -304,6 +328,49 @@ class NodeSource:
             ages=tuple(now - t for t in times),
             gpu_bytes=tuple(_none_if_nan(by_time.get(t)) for t in times),
             rss_bytes=tuple(_none_if_nan(v) for v in rss),
+        )
+
+
+    def device_history(self, index: int, seconds: float, now: float | None = None) -> tuple[list[float], list[float | None]]:
+        """What was recorded of device `index`'s used memory over the last `seconds`."""
+        now = self._clock() if now is None else now
+        times, values = self.store.window(("dev", index), now - seconds)
+        return times, [_none_if_nan(v) for v in values]
+
+    def evidence(self, pid: int, seconds: float) -> Evidence:
+        """What was recorded of `pid`, its GPU and the node over the last `seconds`, for a diagnosis
+        (without the service's signals or allocation sites: those come from other sources)."""
+        snap = self._last
+        frame = self._frame(snap) if snap is not None else None
+        now = frame.time if frame else self._clock()
+        history = self.history(pid, seconds, now=now)
+        times = tuple(-a for a in history.ages) if history else ()
+        has_gpu = history is not None and any(v is not None for v in history.gpu_bytes)
+        rows = frame.processes if frame else ()
+        mine = [r for r in rows if r.pid == pid and r.gpu is not None]
+        device = None
+        if mine:
+            index = max(mine, key=lambda r: r.gpu_memory_bytes or 0).gpu
+            info = next((d for d in self._nvml_reading.devices if d.index == index), None)
+            dev_times, dev_used = self.device_history(index, seconds, now=now)
+            device = DeviceEvidence(
+                index=index,
+                name=info.name if info else f"GPU {index}",
+                total_bytes=info.memory_total if info else None,
+                used=Series(tuple(t - now for t in dev_times), tuple(dev_used)),
+            )
+        focus = frame.focus if frame and frame.focus and frame.focus.pid == pid else None
+        row = next((r for r in rows if r.pid == pid), None)
+        return Evidence(
+            pid=pid,
+            command=focus.command if focus else (row.command if row else ""),
+            duration_s=(times[-1] - times[0]) if len(times) > 1 else 0.0,
+            rss=Series(times, history.rss_bytes if history else ()),
+            gpu=Series(times, history.gpu_bytes) if has_gpu else None,
+            device=device,
+            processes=rows,
+            nvml_status=self._nvml_reading.status,
+            exited=bool(focus and focus.exited) or (row is None and history is not None),
         )
 
 

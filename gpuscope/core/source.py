@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from gpuscope.core.diagnosis import Evidence
 from gpuscope.core.model import Frame
 
 
@@ -25,3 +26,6 @@ class Source(Protocol):
 
     def focus(self, pid: int | None) -> None:
         """Attach to this process: its details come in every frame (None detaches)."""
+
+    def evidence(self, pid: int, seconds: float) -> Evidence:
+        """What was recorded of this process over the last `seconds`, for the diagnosis wizard."""

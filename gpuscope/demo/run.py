@@ -25,10 +25,11 @@ from typing import Any
 
 from gpuscope.cli import serving_source, terminal_check
 from gpuscope.errors import Failure, UsageError
-from gpuscope.core.model import Frame, MemorySeries
 from gpuscope.demo.lifecycle import child_env
 
-SCHEMA = "gpuscope.demo/1"
+# Per query kept by the retriever: at the load generator's ~10 requests/s, ~6 MB/s — above the
+# detector's 5 MB/s-for-10-s alert, so a 20 s headless demo ends with a verdict of "leak".
+DEMO_LEAK_KB = 640
 STARTUP_TIMEOUT_S = 20.0
 CUDA_STARTUP_TIMEOUT_S = 90.0  # importing torch and creating a CUDA context can take a while
 CUDA_PROBE_TIMEOUT_S = 60.0
@@ -91,7 +92,8 @@ class Demo:
         self._service_log = tempfile.TemporaryFile()  # its stderr, shown if it fails to start
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "gpuscope.demo.service", "--port", "0"] + (["--cuda"] if self.cuda else [])
+        cmd = [sys.executable, "-m", "gpuscope.demo.service", "--port", "0", "--leak-kb", str(DEMO_LEAK_KB)]
+        cmd += ["--cuda"] if self.cuda else []
         self.service = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._service_log, bufsize=0, env=child_env()
         )
@@ -164,88 +166,22 @@ class Demo:
 # -- headless ------------------------------------------------------------------------------------
 
 
-def _watch(pid: int, duration: float, stop: threading.Event) -> MemorySeries:
-    """The service's memory (RSS, and GPU memory where NVML sees it) once a second for
-    `duration` seconds, through the same live source the console uses."""
-    from gpuscope.core.node import NodeSource
-
-    frames: list[Frame] = []
-    source = NodeSource(interval=1.0, focus_pid=pid)
-    source.start(frames.append)
-    try:
-        stop.wait(duration + 0.5)  # half a tick more, so the last sample lands at `duration`
-    finally:
-        source.stop()
-    if frames and frames[-1].focus is not None and frames[-1].focus.exited:
-        raise DemoError(f"the demo service (PID {pid}) exited while being watched")
-    series = source.history(pid, duration + 60.0)
-    if series is None or not series.ages:
-        raise DemoError(f"the demo service (PID {pid}) could not be read")
-    return series
-
-
-def _summary(series: MemorySeries) -> tuple[dict, float]:
-    """The contract's `memory` object, and the seconds the samples span."""
-    from gpuscope.core.growth import floor_growth
-
-    times = [-age for age in series.ages]
-    gpu = [(t, g) for t, g in zip(times, series.gpu_bytes) if g is not None]
-    if gpu:
-        source, ts, values = "gpu", [t for t, _ in gpu], [g for _, g in gpu]
-    else:
-        source, ts, values = "rss", times, [float("nan") if v is None else v for v in series.rss_bytes]
-    growth = floor_growth(ts, values)
-    memory = {
-        "source": source,
-        "start_bytes": int(values[0]),
-        "end_bytes": int(values[-1]),
-        "growth_bytes_per_s": None if growth is None else round(growth, 1),
-        "samples": len(values),
-    }
-    return memory, ts[-1] - ts[0]
-
-
 def _headless(demo: Demo, args: argparse.Namespace, stop: threading.Event) -> int:
-    from gpuscope.core.units import format_bytes
+    """The diagnosis of the demo service, as `gpuscope diagnose` would print it."""
+    from gpuscope.commands.diagnose import emit
+    from gpuscope.core.diagnosis import diagnose
+    from gpuscope.core.investigation import investigate
 
     assert demo.service is not None
-    pid = demo.service.pid
+    serving, _ = serving_source(args, [f"{demo.url}/metrics"])
     duration = float(getattr(args, "duration", 20.0) or 20.0)
-    memory, span = _summary(_watch(pid, duration, stop))
-    state = demo.state() or {}
-    if getattr(args, "json", False):
-        out = {
-            "schema": SCHEMA,
-            "pid": pid,
-            "service_url": demo.url,
-            "duration_s": round(span, 1),
-            "memory": memory,
-            "requests_served": state.get("requests_served"),
-            "leak_enabled": state.get("leak_enabled"),
-        }
-        print(json.dumps(out))
-        return 0
-    label = "GPU memory" if memory["source"] == "gpu" else "RSS"
-    growth = memory["growth_bytes_per_s"]
-    trend = "too few samples for a trend" if growth is None else f"growing {growth / 1e6:+.2f} MB/s (floor trend)"
-    if growth is not None and growth <= 0:
-        trend = f"not growing ({growth / 1e6:+.2f} MB/s, floor trend)"
-    print(
-        f"demo service PID {pid}: {label} {format_bytes(memory['start_bytes'])} -> "
-        f"{format_bytes(memory['end_bytes'])} over {span:.0f} s, {trend}"
+    evidence = investigate(
+        demo.service.pid, duration, serving=serving, stop=stop,
+        progress=lambda line: print(f"demo service at {demo.url}: {line}", file=sys.stderr, flush=True),
     )
-    print(f"  service   {demo.url}")
-    print(
-        f"  memory    source {memory['source']}, start {memory['start_bytes']} B, end {memory['end_bytes']} B, "
-        f"growth {'n/a' if growth is None else f'{growth:+.0f}'} B/s, {memory['samples']} samples"
-    )
-    if state:
-        print(
-            f"  requests  {state.get('requests_served')} served; retriever cache {state.get('cache_entries')} "
-            f"entries (~{format_bytes(state.get('cache_bytes'))} held); leak "
-            f"{'enabled' if state.get('leak_enabled') else 'disabled'}"
-        )
-    return 0
+    if evidence.exited:
+        raise DemoError(f"the demo service (PID {demo.service.pid}) exited while being watched")
+    return emit(diagnose(evidence), args)
 
 
 # -- entry ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from gpuscope.config import SloConfig
 from gpuscope.core.serving import ServingSource
 from gpuscope.core.source import Source
 from gpuscope.theme_files import DEFAULT_THEME, VARIABLE_DEFAULTS, ThemeSpec, load_themes
+from gpuscope.tui.alerts import AlertBar
 from gpuscope.tui.chart import MemoryChart
 from gpuscope.tui.detail import ProcessPanel
 from gpuscope.tui.devices import DevicesPanel
@@ -37,6 +38,7 @@ from gpuscope.tui.processes import SORTS, ProcessTable
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 from gpuscope.tui.textlines import TextLines
+from gpuscope.tui.wizard import WizardScreen
 
 
 HANGUP_EXIT = 128 + signal.SIGHUP
@@ -62,8 +64,9 @@ class GpuScopeApp(App):
         Binding("c", "sort('cpu')", "CPU", show=False),
         Binding("o", "sort('default')", "Order", show=False),
         Binding("d", "stacks", "Stacks"),
-        Binding("S", "sample", "Sample"),
+        Binding("S", "sample", "Sample", show=False),
         Binding("a", "allocations", "Alloc"),
+        Binding("w", "wizard", "Diagnose"),
         Binding("escape", "escape", "Detach", show=False),
     ]
 
@@ -77,6 +80,7 @@ class GpuScopeApp(App):
         self._theme_name = theme or DEFAULT_THEME
         self.frame: Frame | None = None
         self._charted_pid: int | None = None  # what the source was last asked to chart
+        self.serving_snapshot = None  # the latest serving snapshot, for the wizard
         self._cleanups: list[Callable[[], object]] = []
         self._started = False
 
@@ -91,6 +95,7 @@ class GpuScopeApp(App):
         yield SystemCommand("Stacks of the selected process", "One py-spy dump of every thread", self.action_stacks)
         yield SystemCommand("Hot paths of the selected process", "py-spy samples for 5 s, aggregated", self.action_sample)
         yield SystemCommand("Allocation sites of the selected process", "Which code allocates memory that stays", self.action_allocations)
+        yield SystemCommand("Diagnose", "The seven-step diagnosis of the alert's (or the selected) process", self.action_wizard)
         yield SystemCommand("Detach", "Stop following the attached process", partial(self.source.focus, None))
 
     def _selected_pid(self) -> int | None:
@@ -120,6 +125,27 @@ class GpuScopeApp(App):
 
         self.push_screen(ConfirmAttach(pid), chosen)
 
+    def action_wizard(self) -> None:
+        """The guided diagnosis: of the process behind the top alert if there is one, else the selected one."""
+        alerts = self.frame.alerts if self.frame else ()
+        if alerts and self.focused is self.query_one(AlertBar):
+            self.on_alert_bar_open(AlertBar.Open(alerts[0]))
+            return
+        pid = self._selected_pid()
+        if pid is not None:
+            self.push_screen(WizardScreen(pid))
+
+    def on_alert_bar_open(self, message: AlertBar.Open) -> None:
+        alert = message.alert
+        pid = alert.pid
+        if pid is None and self.frame is not None:  # a device is filling: diagnose its fastest grower
+            rows = [r for r in self.frame.processes if r.gpu == alert.device and r.gpu_growth_bytes_per_s is not None]
+            pid = max(rows, key=lambda r: r.gpu_growth_bytes_per_s).pid if rows else None
+        if pid is None:
+            self.notify("no process on that GPU is growing", severity="warning")
+            return
+        self.push_screen(WizardScreen(pid))
+
     def _attach_selected(self) -> None:
         row = self.query_one(ProcessTable).selected_row
         if row is not None:
@@ -133,6 +159,7 @@ class GpuScopeApp(App):
             yield TextLines("gpuscope", id="title")
             yield TextLines("", id="clock")  # its own widget: the clock ticking resends 8 cells, not the bar
         yield DevicesPanel(id="devices")
+        yield AlertBar(id="alerts")
         yield ServicePanel(self.slo, id="service")
         yield ProcessTable(id="processes")
         with Horizontal(id="bottom"):
@@ -208,6 +235,7 @@ class GpuScopeApp(App):
         with self.batch_update():
             self._show_title(frame)
             self.query_one(DevicesPanel).show(frame)
+            self.query_one(AlertBar).show(frame)
             table.show(frame.processes)
             if first and frame.selected_pid is not None:
                 self._charted_pid = frame.selected_pid
@@ -216,6 +244,7 @@ class GpuScopeApp(App):
             self.query_one(ProcessPanel).show(frame)
 
     def on_serving_ready(self, message: ServingReady) -> None:
+        self.serving_snapshot = message.snapshot
         self.query_one(ServicePanel).show(message.snapshot)
 
     def _show_title(self, frame: Frame) -> None:

@@ -19,7 +19,9 @@ HELP = """\
   o               back to the default order (GPU processes first)
   d               stacks of the selected process (py-spy dump)
   S               hot paths: py-spy samples for 5 s, aggregated
-  a               allocation sites: which code allocates memory that stays
+  a               allocation sites: the code whose memory stays
+  w               diagnose: the alert's process, or the selected one
+                  (↑ ↓ steps, r re-run, a sites, Enter stacks, e export)
   ?               this help
   q               quit
 

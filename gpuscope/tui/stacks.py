@@ -214,21 +214,38 @@ class SuspectsScreen(CodePathScreen):
 
     def show(self, result: Attribution) -> None:
         self.done()
-        confidence = {"high": "allocation tracking", "low": "LOW confidence: stack sampling", "none": "no suspects"}
-        self.status(Text.assemble(("suspects by " + (result.method or "-"), "bold"), f" · {confidence[result.confidence]}"))
-        tree = self.query_one(Tree)
-        tree.reset(Text(f"process {result.pid}"))
-        for rank, s in enumerate(result.suspects, start=1):
-            size = f"{s.bytes / 1e6:.1f} MB" if s.bytes is not None else "bytes unknown"
-            label = Text.assemble(f"{rank}. ", (s.function, "bold"), f"  {s.file}:{s.line}  {s.share * 100:.0f}% · {size}")
-            node = tree.root.add(label, expand=rank == 1)
-            for frame in s.stack:
-                node.add_leaf(frame_label(frame))
-        rungs = tree.root.add(Text("how the ladder was climbed", style="dim"), expand=result.confidence != "high")
-        for rung in result.rungs:
-            rungs.add_leaf(Text(f"{rung.method}: {rung.status} — {rung.detail}"))
-        tree.root.expand()
-        tree.focus()
+        show_attribution(self, result)
+
+
+def show_attribution(screen: CodePathScreen, result: Attribution) -> None:
+    """Suspects best first, each with the stack behind it, and how the ladder was climbed."""
+    confidence = {"high": "allocation tracking", "low": "LOW confidence: stack sampling", "none": "no suspects"}
+    screen.status(Text.assemble(("suspects by " + (result.method or "-"), "bold"), f" · {confidence[result.confidence]}"))
+    tree = screen.query_one(Tree)
+    tree.reset(Text(f"process {result.pid}"))
+    for rank, s in enumerate(result.suspects, start=1):
+        size = f"{s.bytes / 1e6:.1f} MB" if s.bytes is not None else "bytes unknown"
+        label = Text.assemble(f"{rank}. ", (s.function, "bold"), f"  {s.file}:{s.line}  {s.share * 100:.0f}% · {size}")
+        node = tree.root.add(label, expand=rank == 1)
+        for frame in s.stack:
+            node.add_leaf(frame_label(frame))
+    rungs = tree.root.add(Text("how the ladder was climbed", style="dim"), expand=result.confidence != "high")
+    for rung in result.rungs:
+        rungs.add_leaf(Text(f"{rung.method}: {rung.status} — {rung.detail}"))
+    tree.root.expand()
+    tree.focus()
+
+
+class AttributionScreen(CodePathScreen):
+    """The suspects of an attribution already made (the wizard's step 7, one key away)."""
+
+    def __init__(self, result: Attribution) -> None:
+        super().__init__(result.pid, f"Allocation sites of PID {result.pid}")
+        self.result = result
+
+    def on_mount(self) -> None:
+        self.done()
+        show_attribution(self, self.result)
 
 
 class ConfirmAttach(ModalScreen[str | None]):

@@ -1,0 +1,400 @@
+"""The seven-step diagnosis: from a memory-growth alert to the process and the code path.
+
+Each step is a plain function over immutable `Evidence` (what was observed of one process, its
+GPU, the service and the allocation sites) and returns a `Step`: a status (ok / warn / alert /
+skipped), one sentence of finding, what to do next, and the evidence behind it. `diagnose()` runs
+the seven and names the verdict. Where a source is missing, the step says so ("skipped: no metrics
+source") rather than guessing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpuscope.core.allocations import Attribution
+from gpuscope.core.leak import LeakAssessment, LeakThresholds, assess
+from gpuscope.core.model import ProcessRow
+from gpuscope.core.serving_model import FleetRow, ServingSnapshot
+from gpuscope.core.stacks import Suspect, stack_json
+from gpuscope.core.units import format_bytes, format_rate
+
+SCHEMA = "gpuscope.diagnosis/1"
+OK, WARN, ALERT, SKIPPED = "ok", "warn", "alert", "skipped"
+TITLES = (
+    "Device memory trend",
+    "Host memory overlay",
+    "Throughput per request",
+    "Locate the process",
+    "Backpressure check",
+    "Classify",
+    "Code path",
+)
+DEGRADED = 1.25  # a latency this much above its level at the start of the window is degrading
+STAGE_DOMINATES = 0.5  # a non-LLM stage taking this share of the request time is a bottleneck
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    times: tuple[float, ...]
+    values: tuple[float | None, ...]
+
+    def known(self) -> list[float]:
+        return [v for v in self.values if v is not None and not math.isnan(v)]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEvidence:
+    index: int
+    name: str
+    total_bytes: int | None
+    used: Series
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the steps read. Collected live (gpuscope.core.investigation) or from a recording."""
+
+    pid: int
+    command: str
+    duration_s: float
+    rss: Series
+    gpu: Series | None = None  # the process's GPU memory (all devices), None without NVML data
+    device: DeviceEvidence | None = None  # the GPU the process uses most
+    processes: tuple[ProcessRow, ...] = ()  # the node's process table at the end
+    serving_start: ServingSnapshot | None = None
+    serving_end: ServingSnapshot | None = None
+    attribution: Attribution | None = None
+    allocated: Series | None = None  # torch allocated / reserved at the same times as `gpu`
+    reserved: Series | None = None
+    nvml_status: str | None = None
+    exited: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    number: int
+    title: str
+    status: str
+    finding: str
+    next: str = ""
+    evidence: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        evidence = dict(self.evidence)
+        if self.next:
+            evidence["next"] = self.next
+        return {"number": self.number, "title": self.title, "status": self.status, "finding": self.finding, "evidence": evidence}
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    pid: int
+    command: str
+    duration_s: float
+    verdict: str
+    pattern: str
+    memory_source: str  # "gpu" | "rss"
+    memory: LeakAssessment
+    steps: tuple[Step, ...]
+    suspects: tuple[Suspect, ...]
+
+    def to_json(self) -> dict:
+        """DESIGN.md's gpuscope.diagnosis/1 object."""
+        return {
+            "schema": SCHEMA,
+            "pid": self.pid,
+            "command": self.command,
+            "duration_s": round(self.duration_s, 1),
+            "verdict": self.verdict,
+            "pattern": self.pattern,
+            "memory": {
+                "source": self.memory_source,
+                "start_bytes": _int(self.memory.start_bytes),
+                "end_bytes": _int(self.memory.end_bytes),
+                "growth_bytes_per_s": _round(self.memory.growth_bytes_per_s),
+                "samples": self.memory.samples,
+            },
+            "steps": [s.to_json() for s in self.steps],
+            "suspects": [s.to_json() for s in self.suspects],
+        }
+
+    def to_text(self) -> str:
+        """The report as Markdown-like text."""
+        mark = {OK: "ok", WARN: "warn", ALERT: "ALERT", SKIPPED: "skipped"}
+        lines = [
+            f"# gpuscope diagnosis of PID {self.pid}",
+            "",
+            f"command: {self.command}",
+            f"verdict: **{self.verdict}** ({self.pattern}), {self.memory_source} memory "
+            f"{format_bytes(self.memory.start_bytes)} -> {format_bytes(self.memory.end_bytes)} over {self.duration_s:.0f} s, "
+            f"{format_rate(self.memory.growth_bytes_per_s, na='-')} MB/s",
+            "",
+        ]
+        for step in self.steps:
+            lines.append(f"## {step.number}. {step.title} [{mark[step.status]}]")
+            lines.append(step.finding)
+            if step.next:
+                lines.append(f"next: {step.next}")
+            lines.append("")
+        if self.suspects:
+            lines.append("## Suspects")
+            for i, s in enumerate(self.suspects, start=1):
+                size = format_bytes(s.bytes) if s.bytes is not None else "bytes unknown"
+                lines.append(f"{i}. {s.function} ({s.file}:{s.line}) {s.share * 100:.0f}% {size} [{s.method}]")
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def _int(v: float | None) -> int | None:
+    return None if v is None or math.isnan(v) else int(v)
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) else round(v, 1)
+
+
+def _assess(series: Series | None, thresholds: LeakThresholds, total: float | None = None, **torch) -> LeakAssessment | None:
+    if series is None or len(series.known()) < 2:
+        return None
+    return assess(series.times, series.values, thresholds=thresholds, total_bytes=total, **torch)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or math.isinf(seconds):
+        return "never at this rate"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _rate(a: LeakAssessment | None) -> str:
+    return f"{format_rate(a.growth_bytes_per_s if a else None, na='?')} MB/s"
+
+
+# -- the seven steps -------------------------------------------------------------------------------
+
+
+def step_device(ev: Evidence, th: LeakThresholds) -> tuple[Step, LeakAssessment | None]:
+    title = TITLES[0]
+    if ev.device is None:
+        why = ev.nvml_status or "the process has no memory on any GPU NVML can see"
+        return Step(1, title, SKIPPED, f"skipped: {why}.", "Follow the host memory (step 2)."), None
+    d = ev.device
+    a = _assess(d.used, th, d.total_bytes)
+    evidence = {"gpu": d.index, "name": d.name, "total_bytes": d.total_bytes, "assessment": a.to_json() if a else None}
+    if a is None:
+        return Step(1, title, SKIPPED, f"skipped: too few samples of GPU{d.index}.", evidence=evidence), None
+    full = f", full in {_duration(a.time_to_full_s)}" if a.time_to_full_s is not None else ""
+    if a.is_leak:
+        return Step(1, title, ALERT, f"GPU{d.index} ({d.name}) is filling at {_rate(a)}{full}: {a.reason}.",
+                    "Find which process grows on it (step 4).", evidence), a
+    if a.pattern in ("steady-growth", "cache-growth") or (a.growth_bytes_per_s or 0) > th.min_rate:
+        return Step(1, title, WARN, f"GPU{d.index} memory grows at {_rate(a)} ({a.pattern}, not yet a leak): {a.reason}.",
+                    "Keep watching; a longer window tells a slow leak from warm-up.", evidence), a
+    return Step(1, title, OK, f"GPU{d.index} memory is {a.pattern}: {a.reason}.", evidence=evidence), a
+
+
+def step_host(ev: Evidence, th: LeakThresholds, gpu: LeakAssessment | None) -> tuple[Step, LeakAssessment | None]:
+    title = TITLES[1]
+    a = _assess(ev.rss, th)
+    evidence = {"assessment": a.to_json() if a else None}
+    if a is None:
+        return Step(2, title, SKIPPED, "skipped: too few samples of the process's RSS.", evidence=evidence), None
+    if a.is_leak:
+        with_gpu = " alongside its GPU memory" if gpu is not None and gpu.is_leak else ""
+        return Step(2, title, ALERT, f"The process's RSS grows{with_gpu} at {_rate(a)}: a host-side leak (Python objects, "
+                    f"pinned or CPU tensors) — {a.reason}.", "Find the allocating code (step 7).", evidence), a
+    if gpu is not None and gpu.is_leak:
+        return Step(2, title, OK, f"RSS does not follow the GPU growth ({a.pattern}): the memory that grows is on the GPU.",
+                    "Look at GPU allocations (steps 6 and 7).", evidence), a
+    status = WARN if a.pattern == "steady-growth" else OK
+    return Step(2, title, status, f"RSS is {a.pattern} ({_rate(a)}): {a.reason}.", evidence=evidence), a
+
+
+def _signal_change(start: ServingSnapshot | None, end: ServingSnapshot, name: str) -> tuple[float | None, float | None]:
+    """The signal at the start of the window (the earliest point of the history) and now."""
+    points = [v for _, v in end.series(name) if v is not None]
+    first = points[0] if points else (start.signals.get(name) if start else None)
+    return first, end.signals.get(name)
+
+
+def step_throughput(ev: Evidence) -> Step:
+    title = TITLES[2]
+    end = ev.serving_end
+    if end is None:
+        return Step(3, title, SKIPPED, "skipped: no metrics source (give --metrics-url or --prometheus).")
+    if not end.ok and end.as_of is None:
+        return Step(3, title, SKIPPED, f"skipped: the metrics source did not answer ({end.state}).")
+    s = end.signals
+    per_request = s.tokens_per_s / s.requests_per_s if s.tokens_per_s and s.requests_per_s else None
+    p95_then, p95_now = _signal_change(ev.serving_start, end, "e2e_latency_p95_s")
+    ttft_then, ttft_now = _signal_change(ev.serving_start, end, "ttft_p95_s")
+    tps_then, tps_now = _signal_change(ev.serving_start, end, "tokens_per_s")
+    evidence = {
+        "profile": end.profile, "signals": s.to_json(), "tokens_per_request": per_request,
+        "p95_start_s": p95_then, "ttft_p95_start_s": ttft_then, "tokens_per_s_start": tps_then,
+    }
+    worse = []
+    if p95_then and p95_now and p95_now > DEGRADED * p95_then:
+        worse.append(f"P95 {p95_then:.2f}→{p95_now:.2f} s")
+    if ttft_then and ttft_now and ttft_now > DEGRADED * ttft_then:
+        worse.append(f"TTFT P95 {ttft_then:.2f}→{ttft_now:.2f} s")
+    if tps_then and tps_now and tps_now < tps_then / DEGRADED:
+        worse.append(f"tokens/s {tps_then:.0f}→{tps_now:.0f}")
+    summary = (f"P95 {p95_now:.2f} s, TTFT P95 {ttft_now:.2f} s, " if p95_now is not None and ttft_now is not None else "")
+    summary += f"{tps_now:.0f} tokens/s" if tps_now is not None else "tokens/s unknown"
+    if per_request is not None:
+        summary += f", {per_request:.0f} tokens per request"
+    if worse:
+        return Step(3, title, ALERT, f"The service is degrading: {', '.join(worse)} ({summary}).",
+                    "Check whether a stage is the bottleneck (step 5).", evidence)
+    return Step(3, title, OK, f"The service holds steady over the window: {summary}.", evidence=evidence)
+
+
+def step_locate(ev: Evidence, memory: LeakAssessment | None, source: str) -> Step:
+    title = TITLES[3]
+    device = ev.device.index if ev.device else None
+    if source == "gpu":
+        rows = [r for r in ev.processes if r.gpu == device]
+        growth = {r.pid: r.gpu_growth_bytes_per_s for r in rows}
+    else:
+        rows = list({r.pid: r for r in ev.processes}.values())
+        growth = {r.pid: r.rss_growth_bytes_per_s for r in rows}
+    ranking = sorted(((pid, g) for pid, g in growth.items() if g is not None), key=lambda x: -x[1])[:5]
+    evidence: dict = {"ranking": [{"pid": pid, "growth_bytes_per_s": round(g, 1)} for pid, g in ranking]}
+    fleet = ev.serving_end.fleet if ev.serving_end else ()
+    if fleet:
+        evidence["fleet"] = [_fleet_json(row) for row in fleet[:5]]
+    if ev.exited:
+        return Step(4, title, WARN, f"PID {ev.pid} exited during the diagnosis.", evidence=evidence)
+    if not ranking:
+        return Step(4, title, OK, f"PID {ev.pid} is the process under diagnosis (no other process's growth is known).",
+                    evidence=evidence)
+    top_pid, top_growth = ranking[0]
+    where = f"on GPU{device}" if source == "gpu" else "on this host"
+    if top_pid == ev.pid:
+        status = ALERT if memory is not None and memory.is_leak else OK
+        return Step(4, title, status, f"PID {ev.pid} grows fastest {where} ({format_rate(top_growth)} MB/s).",
+                    "Confirm it is the service you expect, then classify the growth (step 6).", evidence)
+    return Step(4, title, WARN, f"PID {top_pid} grows faster {where} ({format_rate(top_growth)} MB/s) than PID {ev.pid}.",
+                f"Diagnose PID {top_pid} as well: gpuscope diagnose --pid {top_pid}", evidence)
+
+
+def _fleet_json(row: FleetRow) -> dict:
+    return {"host": row.host, "gpu": row.gpu, "pod": row.pod, "namespace": row.namespace,
+            "used_mib": row.used_mib, "growth_mib_per_s": row.growth_mib_per_s}
+
+
+def step_backpressure(ev: Evidence) -> Step:
+    title = TITLES[4]
+    end = ev.serving_end
+    if end is None:
+        return Step(5, title, SKIPPED, "skipped: no metrics source (give --metrics-url or --prometheus).")
+    if not end.stages:
+        return Step(5, title, SKIPPED, f"skipped: the service ({end.profile or 'unknown profile'}) exports no stage latencies.")
+    start = {st.name: st for st in ev.serving_start.stages} if ev.serving_start else {}
+    evidence = {"stages": {st.name: st.to_json() for st in end.stages},
+                "stages_start": {name: st.to_json() for name, st in start.items()}}
+    slowing = []
+    for st in end.stages:
+        before = start.get(st.name)
+        if before and before.p95_s and st.p95_s and st.p95_s > DEGRADED * before.p95_s:
+            slowing.append(f"{st.name} P95 {before.p95_s * 1000:.0f}→{st.p95_s * 1000:.0f} ms")
+    busiest = max(end.stages, key=lambda st: st.share or 0.0)
+    bottleneck = busiest.name != "llm" and (busiest.share or 0.0) >= STAGE_DOMINATES
+    shares = ", ".join(f"{st.name} {100 * (st.share or 0):.0f}%" for st in end.stages)
+    if slowing or bottleneck:
+        what = "; ".join(slowing) if slowing else f"{busiest.name} takes {100 * (busiest.share or 0):.0f}% of request time"
+        return Step(5, title, WARN, f"Backpressure: {what} ({shares}).",
+                    f"Look at {slowing[0].split()[0] if slowing else busiest.name}: the memory growth may be a backlog there.", evidence)
+    return Step(5, title, OK, f"No stage is slowing the pipeline ({shares}).", evidence=evidence)
+
+
+def step_classify(ev: Evidence, memory: LeakAssessment | None, source: str) -> tuple[Step, str, str]:
+    """The verdict and pattern of the diagnosis, with the evidence for them."""
+    title = TITLES[5]
+    if memory is None:
+        return Step(6, title, SKIPPED, "skipped: too little memory data to classify."), "inconclusive", "insufficient-data"
+    evidence = {"source": source, "assessment": memory.to_json()}
+    kv = ev.serving_end.signals.kv_cache_usage if ev.serving_end else None
+    if kv is not None:
+        evidence["kv_cache_usage"] = kv
+    if memory.pattern == "cache-growth":
+        return (Step(6, title, WARN, "The caching allocator keeps freed blocks (reserved grows, allocated flat): not a leak.",
+                     "If memory is short: torch.cuda.empty_cache(), or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+                     evidence), "no-leak", memory.pattern)
+    if memory.is_leak and kv is not None and kv >= 0.9 and source == "gpu":
+        return (Step(6, title, WARN, f"GPU memory grows while the KV cache is {kv * 100:.0f}% full: a KV-cache fill, not a leak "
+                     "(the server sizes the cache to the memory it may use).", "Check the server's memory limits.", evidence),
+                "no-leak", "kv-cache-fill")
+    if memory.is_leak:
+        return (Step(6, title, ALERT, f"A leak: {memory.reason} (confidence {memory.confidence:.0%}).",
+                     "Find the code path (step 7).", evidence), "leak", memory.pattern)
+    if memory.verdict == "inconclusive":
+        return (Step(6, title, WARN, f"Not conclusive yet: {memory.reason} (confidence {memory.confidence:.0%}).",
+                     "Diagnose over a longer window (--duration).", evidence), "inconclusive", memory.pattern)
+    plain = {"step-then-plateau": "a warm-up step, then a plateau", "sawtooth": "a sawtooth around a flat floor",
+             "flat": "flat"}.get(memory.pattern, memory.pattern)
+    return Step(6, title, OK, f"Not a leak: {plain} — {memory.reason}.", evidence=evidence), "no-leak", memory.pattern
+
+
+def step_code_path(ev: Evidence, verdict: str) -> Step:
+    title = TITLES[6]
+    att = ev.attribution
+    if att is None:
+        return Step(7, title, SKIPPED, "skipped: the allocation sites were not looked for.")
+    evidence = {
+        "method": att.method, "confidence": att.confidence,
+        "rungs": [{"method": r.method, "status": r.status, "detail": r.detail} for r in att.rungs],
+        "stacks": [{"function": s.function, "frames": stack_json(s.stack)} for s in att.suspects[:5]],
+    }
+    if not att.suspects:
+        why = "; ".join(f"{r.method}: {r.detail}" for r in att.rungs if r.status != "used")
+        return Step(7, title, WARN if verdict == "leak" else OK, f"No suspect named ({why}).", evidence=evidence)
+    top = att.suspects[0]
+    size = f", {format_bytes(top.bytes)} still held" if top.bytes is not None else ""
+    how = {"memray": "memray's allocation tracking", "torch-history": "PyTorch's allocation history",
+           "stack-sampling": "stack sampling (low confidence: where the process was while memory grew)"}[top.method]
+    status = ALERT if verdict == "leak" and att.confidence == "high" else WARN
+    passed = [f"{r.method} {r.status}: {r.detail}" for r in att.rungs if r.status == "failed"]
+    also = f" ({'; '.join(passed)})" if passed and att.confidence != "high" else ""
+    return Step(7, title, status,
+                f"First suspect: {top.function} ({top.file}:{top.line}), {top.share * 100:.0f}%{size}, by {how}{also}.",
+                f"Read {top.file}:{top.line}: what keeps what it allocates?", evidence)
+
+
+def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Diagnosis:
+    """Run the seven steps over the evidence."""
+    device_step, _ = step_device(ev, thresholds)
+    gpu_assessment = None
+    torch = {}
+    if ev.allocated is not None and ev.reserved is not None:
+        torch = {"allocated": ev.allocated.values, "reserved": ev.reserved.values}
+    if ev.gpu is not None and ev.gpu.known():
+        gpu_assessment = _assess(ev.gpu, thresholds, **torch)
+    host_step, rss_assessment = step_host(ev, thresholds, gpu_assessment)
+    source, memory = ("gpu", gpu_assessment) if gpu_assessment is not None else ("rss", rss_assessment)
+    classify_step, verdict, pattern = step_classify(ev, memory, source)
+    steps = (
+        device_step,
+        host_step,
+        step_throughput(ev),
+        step_locate(ev, memory, source),
+        step_backpressure(ev),
+        classify_step,
+        step_code_path(ev, verdict),
+    )
+    empty = LeakAssessment("inconclusive", "insufficient-data", None, 0.0, None, None, None, None, 0, 0.0, "no data")
+    return Diagnosis(
+        pid=ev.pid,
+        command=ev.command,
+        duration_s=ev.duration_s,
+        verdict=verdict,
+        pattern=pattern,
+        memory_source=source,
+        memory=memory or empty,
+        steps=steps,
+        suspects=ev.attribution.suspects if ev.attribution else (),
+    )

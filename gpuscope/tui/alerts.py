@@ -1,0 +1,72 @@
+"""The alert bar: what the leak detector calls a leak right now. Enter (or a click) on it opens
+the guided diagnosis on that process."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
+
+from gpuscope.core.model import Alert, Frame
+from gpuscope.core.units import format_rate
+from gpuscope.tui.textlines import TextLines
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def describe(alert: Alert) -> Text:
+    text = Text()
+    text.append("⚠ LEAK ", style="bold red")
+    text.append(alert.label, style="bold")
+    text.append(f" {format_rate(alert.growth_bytes_per_s)} MB/s")
+    if alert.since is not None:
+        text.append(f" since {time.strftime('%H:%M:%S', time.localtime(alert.since))}")
+    if alert.time_to_full_s is not None:
+        text.append(f" · full in {_duration(alert.time_to_full_s)}", style="bold")
+    text.append(f" · {alert.confidence:.0%} sure")
+    return text
+
+
+class AlertBar(TextLines, can_focus=True):
+    DEFAULT_CSS = """
+    AlertBar { height: auto; padding: 0 1; background: $error 15%; }
+    AlertBar:focus { background: $error 35%; }
+    AlertBar.empty { display: none; }
+    """
+    BINDINGS = [Binding("enter", "open", "Diagnose", show=False)]
+
+    class Open(Message):
+        """Diagnose the process behind this alert."""
+
+        def __init__(self, alert: Alert) -> None:
+            super().__init__()
+            self.alert = alert
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.alerts: tuple[Alert, ...] = ()
+        self.add_class("empty")
+
+    def show(self, frame: Frame) -> None:
+        self.alerts = frame.alerts
+        self.set_class(not self.alerts, "empty")
+        if not self.alerts:
+            self.set_text(Text(""))
+            return
+        text = describe(self.alerts[0])
+        more = len(self.alerts) - 1
+        text.append(f" · Enter/w: diagnose{f' · {more} more' if more else ''}", style="dim")
+        self.set_text(text)
+
+    def action_open(self) -> None:
+        if self.alerts:
+            self.post_message(self.Open(self.alerts[0]))
+
+    def on_click(self) -> None:
+        self.action_open()

@@ -1,0 +1,223 @@
+"""The guided diagnosis: seven steps from a memory-growth alert to the code path.
+
+Steps 1–6 are computed at once from what the console has already recorded of the process (its
+memory, its GPU, the other processes, the service's signals), so a console that has watched for
+an hour diagnoses over that hour. Step 7 needs time: `a` looks for the allocation sites (asking
+before memray is attached), with progress, and Esc cancels without leaving anything attached.
+`r` re-runs (from the latest data; on step 7 it looks again), `e` exports, Enter on step 7 shows
+the stacks behind the suspects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, OptionList
+from textual.widgets.option_list import Option
+
+from gpuscope.core import allocations
+from gpuscope.core.atomic import write_private
+from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step, diagnose
+from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
+from gpuscope.tui.textlines import TextLines
+
+HISTORY_S = 3600.0  # diagnose over up to the last hour the console recorded
+ATTRIBUTION_S = 10.0
+MARK = {OK: ("✔", "green"), WARN: ("!", "yellow"), ALERT: ("✖", "bold red"), SKIPPED: ("–", "dim")}
+
+
+def export_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "gpuscope" / "exports"
+
+
+class WizardScreen(Screen[None]):
+    DEFAULT_CSS = """
+    WizardScreen #wizard-title { height: auto; background: $panel; padding: 0 1; }
+    WizardScreen #steps { width: 34; height: 1fr; }
+    WizardScreen #step { width: 1fr; height: 1fr; padding: 0 1; overflow-y: auto; }
+    """
+    BINDINGS = [
+        Binding("escape", "close", "Close / cancel"),
+        Binding("r", "rerun", "Re-run"),
+        Binding("a", "allocations", "Alloc sites"),
+        Binding("e", "export", "Export"),
+        Binding("left,p", "step(-1)", "Prev", show=False),
+        Binding("right,n", "step(1)", "Next", show=False),
+    ]
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+        self.evidence: Evidence | None = None
+        self.diagnosis: Diagnosis | None = None
+        self.working = threading.Event()  # the allocation-site search is running
+        self.cancel = threading.Event()
+        self._status = ""
+
+    def compose(self) -> ComposeResult:
+        yield TextLines(f"Diagnosis of PID {self.pid}", id="wizard-title")
+        with Horizontal():
+            yield OptionList(id="steps")
+            yield TextLines("", id="step")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.compute()
+        self.query_one("#steps", OptionList).focus()
+
+    # -- evidence and steps ----------------------------------------------------------------------
+
+    def compute(self, attribution=None) -> None:
+        """Steps 1–6 from what the console has recorded; step 7 from the last search, if any."""
+        app = self.app
+        evidence = app.source.evidence(self.pid, HISTORY_S)
+        keep = attribution or (self.evidence.attribution if self.evidence else None)
+        self.evidence = replace(evidence, serving_end=getattr(app, "serving_snapshot", None), attribution=keep)
+        self.diagnosis = diagnose(self.evidence)
+        self.render_steps()
+
+    def render_steps(self) -> None:
+        d = self.diagnosis
+        steps = self.query_one("#steps", OptionList)
+        highlighted = steps.highlighted if steps.highlighted is not None else self._first_interesting(d)
+        steps.clear_options()
+        for step in d.steps:
+            mark, style = MARK[step.status]
+            label = Text.assemble((f"{mark} ", style), f"{step.number}. {step.title}")
+            if step.number == 7 and self.working.is_set():
+                label = Text.assemble(("… ", "bold"), f"{step.number}. {step.title}")
+            steps.add_option(Option(label, id=str(step.number)))
+        steps.highlighted = highlighted
+        self._show_title()
+        self.show_step(d.steps[highlighted])
+
+    @staticmethod
+    def _first_interesting(d: Diagnosis) -> int:
+        return next((i for i, s in enumerate(d.steps) if s.status == ALERT), 0)
+
+    def _show_title(self) -> None:
+        d = self.diagnosis
+        verdict_style = {"leak": "bold red", "no-leak": "bold green"}.get(d.verdict, "bold yellow")
+        text = Text.assemble(
+            (f"Diagnosis of PID {d.pid} ", "bold"),
+            (f"{d.verdict}", verdict_style),
+            f" ({d.pattern}) · {d.memory_source} memory over {d.duration_s:.0f} s of what the console recorded",
+        )
+        if self._status:
+            text.append(f" · {self._status}", style="bold")
+        self.query_one("#wizard-title", TextLines).set_text(text)
+
+    def status(self, line: str) -> None:
+        self._status = line
+        if self.diagnosis is not None:
+            self._show_title()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.action_stacks()  # Enter on a step: on step 7, the stacks behind the suspects
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if self.diagnosis is not None and event.option_index is not None:
+            self.show_step(self.diagnosis.steps[event.option_index])
+
+    def show_step(self, step: Step) -> None:
+        mark, style = MARK[step.status]
+        text = Text.assemble((f"{step.number}. {step.title}", "bold"), "  ", (f"{mark} {step.status}", style), "\n\n")
+        text.append(step.finding + "\n")
+        if step.next:
+            text.append("\nnext: ", style="bold")
+            text.append(step.next + "\n")
+        if step.number == 7:
+            text.append("\na: look for the allocation sites again · Enter: the stacks behind the suspects\n", style="dim")
+        evidence = {k: v for k, v in step.evidence.items() if k not in ("stacks",)}
+        if evidence:
+            text.append("\nevidence\n", style="bold")
+            text.append(json.dumps(evidence, indent=1, default=str)[:4000], style="dim")
+        self.query_one("#step", TextLines).set_text(text)
+
+    # -- actions ----------------------------------------------------------------------------------
+
+    def action_step(self, delta: int) -> None:
+        steps = self.query_one("#steps", OptionList)
+        steps.highlighted = max(0, min(6, (steps.highlighted or 0) + delta))
+
+    def action_rerun(self) -> None:
+        steps = self.query_one("#steps", OptionList)
+        if steps.highlighted == 6:
+            self.action_allocations()
+        else:
+            self.compute()
+            self.app.notify("re-ran from the latest data")
+
+    def action_allocations(self) -> None:
+        if self.working.is_set():
+            return
+
+        def chosen(choice: str | None) -> None:
+            if choice is not None:
+                self.cancel.clear()
+                self.working.set()
+                self.query_one("#steps", OptionList).highlighted = 6
+                self.render_steps()
+                self.look_for_allocations(choice == "memray")
+
+        self.app.push_screen(ConfirmAttach(self.pid), chosen)
+
+    @work(thread=True, exclusive=True, group="wizard", exit_on_error=False)
+    def look_for_allocations(self, use_memray: bool) -> None:
+        started = time.monotonic()
+
+        def progress(rung: str, fraction: float) -> None:
+            line = f"step 7: {rung} {fraction * 100:.0f}% · {time.monotonic() - started:.0f} s (Esc cancels)"
+            self.app.call_from_thread(self._if_open, self.status, line)
+
+        try:
+            result = allocations.attribute(self.pid, ATTRIBUTION_S, use_memray=use_memray,
+                                           cancelled=self.cancel.is_set, progress=progress)
+        finally:
+            self.working.clear()
+        if not self.cancel.is_set():
+            self.app.call_from_thread(self._if_open, self._found, result)
+
+    def _if_open(self, method, *args) -> None:
+        if self.is_attached:
+            method(*args)
+
+    def _found(self, result) -> None:
+        self._status = ""
+        self.compute(attribution=result)
+
+    def action_stacks(self) -> None:
+        att = self.evidence.attribution if self.evidence else None
+        if self.query_one("#steps", OptionList).highlighted == 6 and att is not None:
+            self.app.push_screen(AttributionScreen(att))
+
+    def action_export(self) -> None:
+        folder = export_dir()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            json_path = write_private(folder / f"diagnosis-{self.pid}-{stamp}.json", json.dumps(self.diagnosis.to_json(), indent=1))
+            write_private(folder / f"diagnosis-{self.pid}-{stamp}.md", self.diagnosis.to_text())
+        except OSError as exc:
+            self.app.notify(f"export failed: {exc.strerror or exc}", severity="error")
+            return
+        self.app.notify(f"exported {json_path} (+ .md)", title="diagnosis exported")
+
+    def action_close(self) -> None:
+        self.cancel.set()  # the ladder stops at its next check and detaches whatever it attached
+        self.dismiss()
+
+    def on_unmount(self) -> None:
+        self.cancel.set()
