@@ -131,6 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--duration", type=_seconds(1.0), default=20.0, metavar="S", help="seconds to watch when headless (default 20)"
     )
     demo.add_argument("--json", action="store_true", help="with --headless: print JSON")
+
+    run = sub.add_parser(
+        "run",
+        help="run a program with gpuscope's probe inside (or --inject it into a running one)",
+        description=(
+            "Run a program with gpuscope's probe started in each of its Python processes before the main module "
+            "runs (gpuscope run -- python serve.py ...): gpuscope then reads PyTorch's allocator and tracks "
+            "allocations in-process. The program replaces gpuscope (same PID, signals and exit status). "
+            "With --inject --pid PID: start the probe inside a running Python process instead (runs code inside it; "
+            "only if it has imported torch, unless --memray)."
+        ),
+    )
+    run.add_argument("--inject", action="store_true", help="start the probe inside the running process --pid (opt-in)")
+    run.add_argument("--pid", type=_pid, help="with --inject: the running Python process")
+    run.add_argument("--memray", action="store_true",
+                     help="with --inject: start the probe even if torch is not imported (for memray tracking)")
+    run.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the program and its arguments")
     return parser
 
 
@@ -156,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpuscope.commands import diagnose
 
             return diagnose.run(args)
+        if args.command == "run":
+            from gpuscope.commands import run
+
+            return run.run(args)
         if args.command == "demo":
             from gpuscope.demo.run import run_demo
 

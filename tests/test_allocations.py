@@ -139,3 +139,72 @@ def test_an_exited_process_is_refused(spawn_python):
     wait_until(lambda: child.poll() is not None, what="the child to exit")
     with pytest.raises(allocations.AttachRefused, match="exited"):
         allocations.check_attach(child.pid)
+
+
+# -- with gpuscope's probe inside the process: memray in process, no injection ----------------------
+
+PROBED_LEAKER = """
+import time
+from gpuscope import probe
+assert probe.start()
+cache = {}
+def leak(i):
+    cache[i] = bytearray(100_000)
+def churn():
+    return [bytearray(100_000) for _ in range(20)]
+def cpu_heavy():
+    return sum(i * i for i in range(30000))
+print("ready", flush=True)
+i = 0
+while True:
+    leak(i); churn(); cpu_heavy(); i += 1
+    time.sleep(0.01)
+"""
+
+
+def test_a_process_with_a_probe_has_its_leak_named_by_memray_in_process(spawn_python):
+    """Where gdb cannot inject (as here), `memray attach` is refused; the probe needs no injection."""
+    child = spawn_python(PROBED_LEAKER)
+    result = allocations.attribute(child.pid, 2.0)
+    assert result.method == "memray" and result.confidence == "high"
+    torch_rung, memray_rung = result.rungs
+    assert torch_rung == allocations.Rung("torch-history", "skipped", "torch is not imported in the process")
+    assert memray_rung.status == "used" and memray_rung.detail.startswith("in process through gpuscope's probe")
+    top = result.suspects[0]
+    assert top.function == "leak" and top.method == "memray" and top.share > 0.5 and top.bytes >= 10 * 100_000
+    assert child.poll() is None
+
+
+def test_without_a_probe_the_torch_rung_says_how_to_get_one(spawn_python):
+    child = spawn_python("import time\nprint('ready', flush=True)\ntime.sleep(60)")
+    result = allocations.attribute(child.pid, 0.3, use_memray=False)
+    assert result.rungs[0].status == "skipped" and "no gpuscope probe" in result.rungs[0].detail
+    assert "gpuscope run" in result.rungs[0].detail
+
+
+def test_the_demo_service_leak_is_named_through_its_probe():
+    """The demo (retriever caching every query) under its load generator: attribute(pid, 8)."""
+    service = subprocess.Popen([sys.executable, "-m", "gpuscope.demo.service", "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    load = None
+    try:
+        url = service.stdout.readline().strip().removeprefix("listening on ")
+        assert url.startswith("http://"), service.stderr.read()
+        load = subprocess.Popen([sys.executable, "-m", "gpuscope.demo.load", "--url", url, "--rate", "20"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: allocations.probe_client.probe_path(service.pid), timeout=10, what="the demo's probe")
+        result = allocations.attribute(service.pid, 8)
+        assert result.method == "memray", result.rungs
+        assert "through gpuscope's probe" in result.rungs[1].detail
+        top = result.suspects[0]
+        # The block is allocated in Retriever._remember (called by Retriever.search): the innermost
+        # own frame, so the suspect is `_remember`, holding nearly everything that stayed.
+        assert top.function == "_remember" and top.method == "memray" and top.bytes > 0
+        assert top.file.endswith("gpuscope/demo/service.py") and top.share > 0.9
+        assert [f.function for f in top.stack[:2]] == ["_remember", "search"]
+        assert service.poll() is None
+    finally:
+        for proc in (load, service):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)

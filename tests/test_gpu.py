@@ -1,5 +1,8 @@
 """Checks that need a real NVIDIA GPU (run by scripts/gpu-check; skipped on machines without one).
 
+The `test_probe_*` checks run gpuscope's probe inside CUDA processes (torch allocator figures, the
+torch-history rung, the cost of recording history); they need torch with CUDA, not NVML.
+
 They use only gpuscope's core (no TUI), so they run wherever python has torch, psutil,
 nvidia-ml-py and pytest.
 """
@@ -83,3 +86,113 @@ def test_a_leaking_cuda_process_grows_and_a_flat_one_does_not(nvml_reading, cuda
         assert abs(fl.gpu_growth_bytes_per_s) < 2e6
     finally:
         source.stop()
+
+
+# -- the probe inside a CUDA process (torch allocator figures, torch-history rung, cost) -------------
+
+PROBED_CUDA = """
+import os, sys, time, torch
+from gpuscope import probe
+torch.empty(1, device="cuda")
+assert probe.start()
+print("ready", flush=True)
+"""
+PROBED_CUDA_LEAKER = PROBED_CUDA + """
+kv = []
+def keep_kv(step):
+    kv.append(torch.empty(16 << 20, dtype=torch.uint8, device="cuda"))  # 16 MiB kept per step
+def scratch(step):
+    return torch.empty(8 << 20, dtype=torch.uint8, device="cuda").sum()  # 8 MiB, freed at once
+step = 0
+while True:
+    if len(kv) < 256:  # at most 4 GiB
+        keep_kv(step)
+    scratch(step); step += 1
+    time.sleep(0.1)
+"""
+PROBED_CUDA_CHURN = PROBED_CUDA + """
+import random
+rng = random.Random(3)
+ceiling = 1
+def churn(mib):
+    x = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+    x.fill_(1)
+    del x
+while True:
+    ceiling = min(ceiling + 1, 128)  # ever larger requests: the cache keeps growing, nothing is held
+    churn(rng.randint(max(1, ceiling - 8), ceiling))
+    time.sleep(0.02)
+"""
+PROBED_CUDA_TIMING = PROBED_CUDA + """
+def timed(n=20000):
+    started = time.perf_counter()
+    for _ in range(n):
+        x = torch.empty(256, device="cuda")
+        del x
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / n * 1e6
+for flag in sys.argv[1:]:
+    while not os.path.exists(flag):
+        time.sleep(0.02)
+    print("%.3f" % timed(), flush=True)
+time.sleep(600)
+"""
+
+
+def _stats(pid):
+    from gpuscope.core import probe_client
+
+    with probe_client.probe_for(pid, timeout=30) as client:
+        return client.stats()["devices"][0]
+
+
+def test_probe_a_cuda_leak_grows_allocated_and_torch_history_names_it(cuda_torch, spawn_python):
+    from gpuscope.core import allocations
+
+    child = spawn_python(PROBED_CUDA_LEAKER)
+    first = _stats(child.pid)
+    second = wait_until(lambda: (s := _stats(child.pid))["allocated"] >= first["allocated"] + (160 << 20) and s,
+                        timeout=60, what="allocated to grow by 160 MiB")
+    print(f"leaker: allocated {first['allocated']} -> {second['allocated']}, reserved {first['reserved']} -> "
+          f"{second['reserved']}, retries {second['num_alloc_retries']}, ooms {second['num_ooms']}")
+    result = allocations.attribute(child.pid, 3.0)
+    for rung in result.rungs:
+        print(f"rung {rung.method}: {rung.status}: {rung.detail}")
+    for s in result.suspects[:3]:
+        print(f"suspect {s.function} {s.file}:{s.line} bytes={s.bytes} share={s.share:.3f} count={s.count}")
+    assert result.method == "torch-history" and result.suspects[0].function == "keep_kv"
+    assert result.suspects[0].bytes >= 16 << 20 and result.suspects[0].share > 0.9
+
+
+def test_probe_a_churning_allocator_grows_reserved_with_allocated_flat(cuda_torch, spawn_python):
+    from gpuscope.core import allocations, probe_client
+
+    child = spawn_python(PROBED_CUDA_CHURN)
+    first = _stats(child.pid)
+    last = wait_until(lambda: (s := _stats(child.pid))["reserved"] >= first["reserved"] + (512 << 20) and s,
+                      timeout=60, what="reserved to grow by 512 MiB")
+    print(f"churn: allocated {first['allocated']} -> {last['allocated']}, reserved {first['reserved']} -> "
+          f"{last['reserved']}, allocated peak {last['allocated_peak']}, inactive_split {last['inactive_split']}")
+    assert last["allocated"] < 300 << 20  # at most the one live scratch tensor
+    with probe_client.probe_for(child.pid, timeout=30) as client:
+        held = allocations.torch_history_suspects(client, child.pid, 2.0)
+    print(f"churn: torch-history suspects {[(s.function, s.bytes) for s in held]}")
+    assert sum(s.bytes or 0 for s in held) < 300 << 20
+
+
+def test_probe_cost_per_allocation_with_history_on(cuda_torch, spawn_python, tmp_path):
+    from gpuscope.core import probe_client
+
+    off, on = tmp_path / "off", tmp_path / "on"
+    child = spawn_python(PROBED_CUDA_TIMING, str(off), str(on))
+    off.touch()
+    without = float(child.stdout.readline())
+    with probe_client.probe_for(child.pid, timeout=30) as client:
+        client.history_start()
+        on.touch()
+        with_history = float(child.stdout.readline())
+        snap = client.snapshot(limit=1)
+        client.history_stop()
+    print(f"cost per allocation+free of a small tensor: {without:.2f} us without history, {with_history:.2f} us with "
+          f"history (state, python stacks): +{with_history - without:.2f} us; snapshot of {snap['blocks']} live blocks")
+    assert with_history < without + 200  # a few microseconds expected; 200 us would be a regression

@@ -3,17 +3,21 @@
 Stack sampling shows where time goes, not where memory is allocated: a fast function that leaks is
 almost never on a sampled stack. So attribution climbs a ladder and says which rung it stood on:
 
-1. torch allocator history  — live CUDA blocks by allocating stack (needs the torch probe; not
-   available yet, so this rung reports itself skipped);
-2. memray                    — `memray attach` for a bounded time, then the allocations still alive
-   at the end, grouped by the innermost frame of the program's own code;
+1. torch allocator history  — through the gpuscope probe inside the process (`gpuscope.probe`),
+   when torch there has initialised CUDA: record the allocator's stacks of live blocks, snapshot at
+   the start and at the end, and group the CUDA blocks allocated meanwhile and still alive by the
+   innermost frame of the program's own code;
+2. memray                    — the allocations made during a bounded time and still alive at the
+   end, grouped the same way: in process through the probe (no injection needed), else through
+   `memray attach`;
 3. stack sampling           — py-spy samples weighted by the memory growth in each interval
    (low confidence: a ranked list of suspects, not a verdict).
 
 Attaching memray runs code inside the target (through gdb before Python 3.14). On some machines
 that kills the target (gdb 13 cannot restore registers on CPUs with AMX state; the interrupted
 system call then fails in the target), so gpuscope first tries the same injection on a throwaway
-process of the same interpreter and refuses to touch the real one if the throwaway is harmed.
+process of the same interpreter and refuses to touch the real one if the throwaway is harmed. A
+process with a probe needs none of that: it runs memray's tracker itself when asked.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpuscope.core import pyspy
+from gpuscope.core import probe_client, pyspy
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect, classify, owner_frame
 
 MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC = (3, 14)
@@ -101,19 +105,26 @@ def suspects_from_stacks(
     )
 
 
+def suspects_from_records(
+    records: Sequence[tuple[Sequence[Sequence], float, int]], roots: Sequence[str] = (), method: str = "memray"
+) -> tuple[Suspect, ...]:
+    """Allocation stacks (frames as (function, file, line), innermost first; bytes; count) by owning
+    frame, largest first: the grouping every allocation-tracking rung shares."""
+    weighted = []
+    for frames, size, n in records:
+        stack = tuple(
+            StackFrame(function=str(fn), file=str(filename), line=int(line or 0), kind=classify(str(filename), own_roots=roots))
+            for fn, filename, line in frames
+        )
+        weighted.append((stack, float(size), int(n)))
+    return suspects_from_stacks(weighted, method, known_bytes=True)
+
+
 def suspects_from_capture(path: str, roots: Sequence[str] = ()) -> tuple[Suspect, ...]:
     """The allocations still alive at the end of a memray capture, by owning frame, largest first."""
-    from memray import FileReader  # noqa: PLC0415 - only this rung needs memray
+    from gpuscope.probe import leaked_records  # noqa: PLC0415 - imports memray: only this rung needs it
 
-    reader = FileReader(path)
-    weighted = []
-    for record in reader.get_leaked_allocation_records(merge_threads=True):
-        frames = tuple(
-            StackFrame(function=fn, file=filename, line=int(line or 0), kind=classify(filename, own_roots=roots))
-            for fn, filename, line in record.stack_trace()
-        )
-        weighted.append((frames, float(record.size), int(record.n_allocations)))
-    return suspects_from_stacks(weighted, "memray", known_bytes=True)
+    return suspects_from_records(leaked_records(path), roots)
 
 
 # -- can memray be attached to this process, safely? -----------------------------------------------
@@ -290,6 +301,79 @@ def _complete(capture: str) -> bool:
     return True
 
 
+# -- through the probe inside the process ----------------------------------------------------------
+
+HISTORY_MAX_ENTRIES = 100_000  # bounded: with enabled="state" torch keeps stacks of live blocks only
+GROUPS = 200  # stacks asked of the probe (largest first)
+
+
+def _wait(duration: float, cancelled: Callable[[], bool], progress: Callable[[float], None]) -> bool:
+    """Wait `duration` seconds unless cancelled (False then), reporting progress."""
+    started = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - started
+        if cancelled():
+            return False
+        if elapsed >= duration:
+            progress(1.0)
+            return True
+        progress(elapsed / duration if duration else 1.0)
+        time.sleep(min(0.1, duration - elapsed))
+
+
+def _records(groups: Sequence[dict], size_key: str) -> list[tuple[tuple, int, int]]:
+    out = []
+    for g in groups:
+        frames = tuple(tuple(f) for f in g.get("frames") or () if isinstance(f, (list, tuple)) and len(f) == 3)
+        out.append((frames, int(g.get(size_key) or 0), int(g.get("count") or 0)))
+    return out
+
+
+def torch_unavailable(hello: dict) -> str | None:
+    """Why the torch-history rung cannot run in the process that said `hello` (None: it can)."""
+    if not hello.get("torch"):
+        return "torch is not imported in the process"
+    if not (hello.get("cuda") or {}).get("initialized"):
+        return "CUDA not available in the process (torch has not initialised CUDA)"
+    return None
+
+
+def torch_history_suspects(
+    client: probe_client.ProbeClient,
+    pid: int,
+    duration: float,
+    *,
+    cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[float], None] = lambda fraction: None,
+) -> tuple[Suspect, ...]:
+    """CUDA blocks allocated during `duration` and still alive at the end, by owning frame.
+
+    Recording is started (live blocks' Python stacks only, bounded) and always stopped again; the
+    first snapshot is taken once recording is on, so blocks alive before are in both and drop out
+    of the diff."""
+    client.history_start(max_entries=HISTORY_MAX_ENTRIES)
+    try:
+        first = client.snapshot(limit=0)
+        if not _wait(duration, cancelled, progress):
+            raise AttachRefused("cancelled")
+        last = client.snapshot(limit=0)
+        diff = client.diff(before=first["id"], after=last["id"], limit=GROUPS)
+    finally:
+        try:
+            client.history_stop()
+        except probe_client.ProbeError:
+            pass
+    return suspects_from_records(_records(diff.get("groups") or (), "bytes"), pyspy.own_roots(pid), "torch-history")
+
+
+def probe_memray_suspects(
+    client: probe_client.ProbeClient, pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False
+) -> tuple[Suspect, ...]:
+    """memray's tracker run by the probe inside the process for `duration`: no injection."""
+    reply = client.memray_track(max(0.1, duration), limit=GROUPS, cancelled=cancelled)
+    return suspects_from_records(_records(reply.get("records") or (), "size"), pyspy.own_roots(pid))
+
+
 # -- the stack-sampling rung ------------------------------------------------------------------------
 
 
@@ -340,6 +424,24 @@ def sampling_suspects(
 # -- the ladder --------------------------------------------------------------------------------------
 
 
+def _connect(pid: int) -> tuple[probe_client.ProbeClient | None, dict | None, str]:
+    """The probe of `pid`, what it said hello with, or why there is none."""
+    try:
+        client = probe_client.probe_for(pid)
+    except probe_client.ProbeError as exc:
+        return None, None, str(exc)
+    if client is None:
+        return None, None, (
+            "no gpuscope probe in the process (start one with gpuscope.probe.start(), "
+            "'gpuscope run -- <command>', or 'gpuscope run --inject --pid PID')"
+        )
+    try:
+        return client, client.hello(), ""
+    except probe_client.ProbeError as exc:
+        client.close()
+        return None, None, f"the process's probe did not answer: {exc}"
+
+
 def attribute(
     pid: int,
     duration: float,
@@ -351,24 +453,72 @@ def attribute(
 ) -> Attribution:
     """Climb the ladder for `pid` until a rung names suspects; record what each rung did."""
     started = time.monotonic()
-    rungs = [Rung("torch-history", "skipped", "no torch allocator probe in this process")]
-    if use_memray:
-        progress("memray", 0.0)
+    opened: list[probe_client.ProbeClient] = []
+    try:
+        return _climb(pid, duration, opened, use_memray, memory, cancelled, progress, started)
+    finally:
+        for client in opened:
+            client.close()
+
+
+def _climb(pid, duration, opened, use_memray, memory, cancelled, progress, started) -> Attribution:
+    def connect():
+        client, hello, why_not = _connect(pid)
+        if client is not None:
+            opened.append(client)
+        return client, hello, why_not
+
+    def done(found: tuple[Suspect, ...], method: str | None, confidence: str) -> Attribution:
+        return Attribution(pid, found, tuple(rungs), method, confidence, time.monotonic() - started)
+
+    rungs: list[Rung] = []
+    client, hello, why_not = connect()
+    # 1. torch allocator history, through the probe
+    reason = why_not if client is None else torch_unavailable(hello or {})
+    if reason:
+        rungs.append(Rung("torch-history", "skipped", reason))
+    else:
+        progress("torch-history", 0.0)
         try:
-            found = memray_suspects(pid, duration, cancelled=cancelled)
-        except AttachRefused as exc:
-            rungs.append(Rung("memray", "failed", str(exc)))
-        except Exception as exc:  # a memray or file-format surprise must not end the diagnosis
-            rungs.append(Rung("memray", "failed", f"{type(exc).__name__}: {exc}"))
+            found = torch_history_suspects(
+                client, pid, duration, cancelled=cancelled, progress=lambda f: progress("torch-history", f)
+            )
+        except (probe_client.ProbeError, AttachRefused) as exc:
+            rungs.append(Rung("torch-history", "failed", str(exc)))
+            if not cancelled():
+                client, hello, why_not = connect()  # a failed request may have closed the connection
+        except Exception as exc:  # a surprise in the probe's reply must not end the diagnosis
+            rungs.append(Rung("torch-history", "failed", f"{type(exc).__name__}: {exc}"))
         else:
             if found:
-                rungs.append(Rung("memray", "used", f"{len(found)} allocation sites still holding memory"))
-                return Attribution(pid, found, tuple(rungs), "memray", "high", time.monotonic() - started)
-            rungs.append(Rung("memray", "failed", "no allocation made while attached is still alive"))
+                rungs.append(Rung("torch-history", "used", f"{len(found)} allocation sites of CUDA memory still held"))
+                return done(found, "torch-history", "high")
+            rungs.append(Rung("torch-history", "failed", "no CUDA memory allocated while recording is still held"))
+    if cancelled():
+        return done((), None, "none")
+    # 2. memray: in process through the probe, else `memray attach`
+    if use_memray:
+        progress("memray", 0.0)
+        way = "in process through gpuscope's probe" if client is not None else "memray attach"
+        try:
+            if client is not None:
+                found = probe_memray_suspects(client, pid, duration, cancelled=cancelled)
+            else:
+                found = memray_suspects(pid, duration, cancelled=cancelled)
+        except (AttachRefused, probe_client.ProbeError) as exc:
+            rungs.append(Rung("memray", "failed", f"{way}: {exc}" if client is not None else str(exc)))
+        except Exception as exc:  # a memray or file-format surprise must not end the diagnosis
+            rungs.append(Rung("memray", "failed", f"{way}: {type(exc).__name__}: {exc}"))
+        else:
+            if found:
+                rungs.append(Rung("memray", "used", f"{way}: {len(found)} allocation sites still holding memory"))
+                return done(found, "memray", "high")
+            rungs.append(Rung("memray", "failed", f"{way}: no allocation made while tracking is still alive"))
     else:
         rungs.append(Rung("memray", "skipped", "not requested (it runs code inside the process)"))
     if cancelled():
-        return Attribution(pid, (), tuple(rungs), None, "none", time.monotonic() - started)
+        return done((), None, "none")
+    # 3. stack sampling
     progress("stack-sampling", 0.0)
     try:
         found = sampling_suspects(
@@ -376,9 +526,9 @@ def attribute(
         )
     except pyspy.PySpyError as exc:
         rungs.append(Rung("stack-sampling", "failed", str(exc)))
-        return Attribution(pid, (), tuple(rungs), None, "none", time.monotonic() - started)
+        return done((), None, "none")
     if not found:
         rungs.append(Rung("stack-sampling", "failed", "memory did not grow while sampling"))
-        return Attribution(pid, (), tuple(rungs), None, "none", time.monotonic() - started)
+        return done((), None, "none")
     rungs.append(Rung("stack-sampling", "used", "where the process was while its memory grew (low confidence)"))
-    return Attribution(pid, found, tuple(rungs), "stack-sampling", "low", time.monotonic() - started)
+    return done(found, "stack-sampling", "low")

@@ -7,6 +7,9 @@ with realistic timings, and exposes Prometheus metrics on `/metrics`. The bug to
 retriever caches every query's candidate block in an unbounded dict, and queries are unique, so
 the process's memory (and, with --cuda, its GPU memory) grows for as long as it serves.
 
+It starts gpuscope's probe (`gpuscope.probe`) at start-up, as a service that opts in would, so the
+console can ask it for allocation sites without injecting anything (`--no-probe` leaves it out).
+
 Standard library + prometheus_client only; torch is imported only with --cuda.
 """
 
@@ -33,6 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gpuscope import probe
 from gpuscope.demo.lifecycle import stop_on_signals, watch_parent
 
 DIM = 64  # embedding width: small enough for a pure-Python brute-force search
@@ -460,6 +464,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--leak-kb", type=int, default=DEFAULT_LEAK_KB, help="host memory kept per unique query (KiB)")
     p.add_argument("--cuda", action="store_true", help="also keep a CUDA tensor per query (needs torch + CUDA)")
     p.add_argument("--cuda-leak-kb", type=int, default=DEFAULT_CUDA_LEAK_KB, help="GPU memory kept per query (KiB)")
+    p.add_argument("--no-probe", action="store_true", help="do not start gpuscope's probe (the service opts in by default)")
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535:
         p.error(f"--port must be 0-65535, not {args.port}")
@@ -484,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"demo service: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    if not args.no_probe:
+        probe.start()  # idle until gpuscope asks; a failure is one line on stderr, never fatal
     host, port = server.server_address[:2]
     shown = f"[{host}]" if ":" in str(host) else host
     # The one line on stdout: the parent reads the port from it.
@@ -497,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.shutdown()
         server.server_close()
+        probe.stop()
     return 0
 
 

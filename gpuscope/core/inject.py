@@ -1,0 +1,325 @@
+"""Starting gpuscope's probe inside a Python process that is already running (opt-in).
+
+This runs code inside the target. Two ways, as memray's `attach` does it:
+
+- Python 3.14 and newer: `sys.remote_exec(pid, script)` (PEP 768), called by an interpreter of the
+  target's own major.minor version (the target's own executable). The target runs the script in
+  its main thread at its next chance; nothing is paused.
+- older Pythons: gdb attaches, asks the interpreter for a pending call, and when a thread holding
+  the GIL reaches the breakpoint set for it, calls `PyRun_SimpleString` to run the script there,
+  then detaches. gdb stops the whole process meanwhile, and on some machines gdb kills the
+  process it calls into — so `allocations.injection_problem()` first tries gdb on a throwaway
+  process of the same interpreter, and the injection is refused if that is harmed.
+
+The script (with a copy of probe.py next to it, so the target needs nothing of gpuscope's) starts
+the probe only if the target has already imported torch, or if asked to anyway (for memray
+tracking), and writes what it did to a status file gpuscope waits for. Every refusal is an
+`InjectRefused` with one plain sentence.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from gpuscope.core import allocations, probe_client, pyspy
+
+STATUS_TIMEOUT_S = 15.0
+GDB_TIMEOUT_S = 30.0
+WARNING = (
+    "this runs code inside process {pid}: a debugger (or sys.remote_exec) makes it start gpuscope's probe, "
+    "a thread that answers gpuscope on a private socket. Debuggers can crash or hang a process; use it on a "
+    "service you may restart."
+)
+
+_BOOTSTRAP = '''\
+# Written by gpuscope (gpuscope run --inject): starts gpuscope's probe in this process.
+def _gpuscope_bootstrap(status_path, probe_path, anyway):
+    import os, sys
+
+    def report(text):
+        try:
+            with open(status_path + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(status_path + ".tmp", status_path)
+        except OSError:
+            pass
+
+    try:
+        if "torch" not in sys.modules and not anyway:
+            report("no-torch")
+            return
+        probe = sys.modules.get("gpuscope.probe") or sys.modules.get("gpuscope_probe")
+        if probe is None:
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("gpuscope_probe", probe_path)
+            probe = importlib.util.module_from_spec(spec)
+            sys.modules["gpuscope_probe"] = probe
+            spec.loader.exec_module(probe)
+        path = probe.start(quiet=True)
+        report("started " + path if path else "failed " + str(probe.last_error()))
+    except BaseException as exc:
+        report("failed %s: %s" % (type(exc).__name__, exc))
+
+
+_gpuscope_bootstrap({status!r}, {probe!r}, {anyway!r})
+del _gpuscope_bootstrap
+'''
+
+_GDB_SCRIPT = '''\
+set pagination off
+set confirm off
+set unwindonsignal on
+sharedlibrary libc
+sharedlibrary libpython
+call (int)Py_AddPendingCall(&PyCallable_Check, (void*)0)
+break PyCallable_Check
+commands 1
+  delete breakpoints
+  set $gpuscope_gil = (int)PyGILState_Ensure()
+  call (int)PyRun_SimpleString("exec(compile(open({script!r}).read(), {script!r}, 'exec'), {{'__name__': '__gpuscope_bootstrap__'}})")
+  call (void)PyGILState_Release($gpuscope_gil)
+  print "GPUSCOPE: RAN"
+end
+continue
+'''
+
+
+class InjectRefused(Exception):
+    """The probe was not injected; the message says why (and what to do instead)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Injected:
+    pid: int
+    path: str  # the probe's socket
+    method: str  # "already running" | "sys.remote_exec" | "gdb"
+
+
+def python_version_of(pid: int) -> tuple[int, int] | None:
+    """The Python major.minor a process runs, from its executable's name or its libpython; None if
+    it is not a Python process. Nothing is run to find out."""
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        try:
+            exe = os.path.basename(psutil.Process(pid).exe())
+        except psutil.Error:
+            exe = ""
+    match = re.match(r"^python(\d)\.(\d+)", exe)
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    try:
+        with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as f:
+            for line in f:
+                lib = re.search(r"libpython(\d)\.(\d+)", line)
+                if lib:
+                    return int(lib.group(1)), int(lib.group(2))
+    except OSError:
+        pass
+    if re.match(r"^python\d?$", exe):  # python / python3 that is neither versioned nor shared
+        return (0, 0)
+    return None
+
+
+def _refuse(text: str) -> InjectRefused:
+    return InjectRefused(text)
+
+
+def inject_probe(pid: int, *, anyway: bool = False, timeout: float = STATUS_TIMEOUT_S,
+                 warn: Callable[[], None] = lambda: None) -> Injected:
+    """Start the probe inside running process `pid`; raises InjectRefused with the reason.
+
+    `warn` is called once every check has passed, just before code is run inside the process."""
+    if pid == os.getpid():
+        raise _refuse("gpuscope will not inject into itself")
+    try:
+        proc = psutil.Process(pid)
+        name = proc.name()
+        proc.cmdline()
+    except psutil.NoSuchProcess:
+        raise _refuse(f"no process with PID {pid}; list running ones with 'gpuscope ps'") from None
+    except psutil.AccessDenied:
+        raise _refuse(f"not permitted to read process {pid}: {pyspy.PERMISSION_HELP}") from None
+    existing = probe_client.probe_path(pid)
+    if existing:
+        return Injected(pid, existing, "already running")
+    version = python_version_of(pid)
+    if version is None:
+        raise _refuse(f"process {pid} ({name}) is not a Python process")
+    try:
+        python, env = allocations.target_interpreter(pid)
+    except psutil.NoSuchProcess:
+        raise _refuse(f"process {pid} exited") from None
+    except psutil.AccessDenied:
+        raise _refuse(f"not permitted to read process {pid}: {pyspy.PERMISSION_HELP}") from None
+    if version == (0, 0):
+        version = allocations._python_version(python, env) or (0, 0)
+    folder = _stage(proc, anyway)
+    status = os.path.join(folder, "status")
+    script = os.path.join(folder, "bootstrap.py")
+    keep = False
+    try:
+        if version >= (3, 14):
+            method = "sys.remote_exec"
+            keep = _remote_exec(pid, proc, python, env, version, script, warn)
+        else:
+            method = "gdb"
+            _gdb(pid, python, env, script, warn)
+        return Injected(pid, _wait_status(pid, status, timeout, method), method)
+    except InjectRefused as exc:
+        # sys.remote_exec cannot be taken back: the target may still read the script later.
+        keep = keep and "has not run" in str(exc)
+        raise
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stage(proc: psutil.Process, anyway: bool) -> str:
+    """A private folder with the bootstrap script and a copy of probe.py, readable by the target."""
+    folder = tempfile.mkdtemp(prefix="gpuscope-inject-")
+    here = Path(__file__).resolve().parent.parent / "probe.py"
+    shutil.copyfile(here, os.path.join(folder, "probe.py"))
+    status = os.path.join(folder, "status")
+    with open(os.path.join(folder, "bootstrap.py"), "w", encoding="utf-8") as f:
+        f.write(_BOOTSTRAP.format(status=status, probe=os.path.join(folder, "probe.py"), anyway=anyway))
+    try:
+        uid, gid = proc.uids().real, proc.gids().real
+    except psutil.Error:
+        uid, gid = os.getuid(), os.getgid()
+    if uid != os.getuid() and os.getuid() == 0:  # root injecting into a service user's process
+        for path in (folder, *(os.path.join(folder, n) for n in os.listdir(folder))):
+            os.chown(path, uid, gid)
+    return folder
+
+
+def _wait_status(pid: int, status: str, timeout: float, method: str) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid):
+            raise _refuse(f"process {pid} exited during the injection")
+        try:
+            with open(status, encoding="utf-8") as f:
+                text = f.read().strip()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        if text.startswith("started "):
+            return text[len("started "):]
+        if text == "no-torch":
+            raise _refuse(
+                f"process {pid} has not imported torch, so no probe was started (add --memray to start it anyway, "
+                "for memray tracking)"
+            )
+        raise _refuse(f"the probe did not start in process {pid}: {text.removeprefix('failed ')}")
+    if method == "sys.remote_exec":
+        raise _refuse(
+            f"process {pid} has not run the script within {timeout:g} s (it runs it when its main thread next runs "
+            "Python code; a main thread blocked in a long call delays it)"
+        )
+    raise _refuse(f"process {pid} did not start the probe within {timeout:g} s")
+
+
+def _remote_exec(pid: int, proc: psutil.Process, python: str, env: dict[str, str],
+                 version: tuple[int, int], script: str, warn: Callable[[], None]) -> bool:
+    """Hand the script to the target through sys.remote_exec (Python 3.14+). True once handed."""
+    try:
+        theirs = proc.environ()
+    except (psutil.Error, OSError):
+        theirs = {}
+    args = proc.cmdline()
+    if "PYTHON_DISABLE_REMOTE_DEBUG" in theirs or any(
+        a == "disable_remote_debug" or a.endswith("-Xdisable_remote_debug") for a in args
+    ) or any(a == "-X" and b == "disable_remote_debug" for a, b in zip(args, args[1:])):
+        raise _refuse(
+            f"remote debugging is disabled in process {pid} (PYTHON_DISABLE_REMOTE_DEBUG or -X disable_remote_debug): "
+            "start the service under 'gpuscope run', or call gpuscope.probe.start() in it"
+        )
+    mine = allocations._python_version(python, env)
+    if mine != version:
+        raise _refuse(
+            f"version mismatch: process {pid} runs Python {version[0]}.{version[1]} but its interpreter ({python}) "
+            f"cannot be run here as Python {version[0]}.{version[1]}; sys.remote_exec needs the same major.minor"
+        )
+    check = allocations._run([python, "-c", "import sys; print(sys.is_remote_debug_enabled())"], env, 20)
+    if check is None or check.returncode != 0 or check.stdout.strip() != "True":
+        raise _refuse(f"remote debugging is disabled in this Python build ({python}): sys.remote_exec is not available")
+    warn()
+    out = allocations._run([python, "-c", "import sys; sys.remote_exec(int(sys.argv[1]), sys.argv[2])", str(pid), script],
+                           env, 30)
+    if out is None:
+        raise _refuse(f"sys.remote_exec did not return within 30 s for process {pid}")
+    if out.returncode != 0:
+        text = (out.stderr or out.stdout).strip()
+        last = text.splitlines()[-1] if text else "no output"
+        if "ermission" in last or "not permitted" in last.lower():
+            raise _refuse(f"not permitted to inject into process {pid}: {pyspy.PERMISSION_HELP}")
+        raise _refuse(f"sys.remote_exec failed for process {pid}: {last}")
+    return True
+
+
+def _gdb(pid: int, python: str, env: dict[str, str], script: str, warn: Callable[[], None]) -> None:
+    """Run the script in the target through gdb (before Python 3.14), if it is safe here."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        raise _refuse(
+            "gdb is not installed (needed to inject before Python 3.14): apt-get install gdb, or start the service "
+            "under 'gpuscope run'"
+        )
+    problem = allocations.injection_problem(python, env)
+    if problem:
+        raise _refuse(
+            f"injection is unsafe on this machine: {problem}. Start the service under 'gpuscope run', or call "
+            "gpuscope.probe.start() in it"
+        )
+    folder = os.path.dirname(script)
+    commands = os.path.join(folder, "inject.gdb")
+    with open(commands, "w", encoding="utf-8") as f:
+        f.write(_GDB_SCRIPT.format(script=script))
+    cmd = [gdb, "-batch", "-nx", "-nw", "-p", str(pid), "-iex", "set auto-solib-add off", "-x", commands]
+    warn()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=GDB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # Interrupt rather than kill: gdb then stops the script, removes its breakpoint and detaches.
+        proc.send_signal(signal.SIGINT)
+        try:
+            output, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        _wake(pid)
+        raise _refuse(f"gdb could not run the script in process {pid} within {GDB_TIMEOUT_S:g} s") from None
+    _wake(pid)
+    if "GPUSCOPE: RAN" in output:
+        return
+    lower = output.lower()
+    if "ptrace" in lower or "operation not permitted" in lower:
+        if not psutil.pid_exists(pid):
+            raise _refuse(f"no process with PID {pid}")
+        raise _refuse(f"not permitted to attach gdb to process {pid}: {pyspy.PERMISSION_HELP}")
+    if "no symbol" in lower:
+        raise _refuse(f"gdb found no Python symbols in process {pid} (a stripped interpreter?)")
+    last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "no output")
+    raise _refuse(f"gdb could not run the script in process {pid}: {last.strip()}")
+
+
+def _wake(pid: int) -> None:
+    """A process left stopped by a debugger that went away is continued (harmless otherwise)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        pass

@@ -1,0 +1,356 @@
+"""Finding and talking to gpuscope probes (`gpuscope.probe`) inside services.
+
+A probe serves `probe-<pid>.sock` in its user's runtime folder (`$XDG_RUNTIME_DIR/gpuscope/`, or
+`<tmp>/gpuscope-<uid>/`). gpuscope may run as another user (root) or outside the service's
+container, so the client looks where the *target* would have put it: its XDG_RUNTIME_DIR and
+TMPDIR (from /proc/PID/environ when readable), /run/user/<uid>, the temp folder, each also through
+/proc/PID/root when the target lives in another mount namespace, and with the PID the target sees
+(its namespace PID). A socket is trusted only if it belongs to the target's user. Sockets of
+processes that are gone (or that nobody answers on) are stale: the client removes them.
+
+Every connect and every reply has a timeout; every failure is a `ProbeError` with one plain
+sentence.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import select
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+from gpuscope import probe as _probe
+
+CONNECT_TIMEOUT_S = 2.0
+REPLY_TIMEOUT_S = 10.0
+MAX_REPLY = 16 * 1024 * 1024
+_NAME = re.compile(r"^probe-(\d+)\.sock$")
+
+
+class ProbeError(Exception):
+    """The probe could not be reached or could not answer; the message says why, in one sentence."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeInfo:
+    pid: int  # the PID the socket is named after (as its process sees itself)
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """What PyTorch's caching allocator holds on one device of one process."""
+
+    index: int
+    allocated: int | None  # bytes in live tensors
+    reserved: int | None  # bytes the allocator holds from CUDA (allocated + its cache)
+    allocated_peak: int | None = None
+    reserved_peak: int | None = None
+    num_alloc_retries: int | None = None
+    num_ooms: int | None = None
+
+
+# -- where probes are --------------------------------------------------------------------------------
+
+
+def _namespace_pid(pid: int) -> int:
+    """The PID the process sees itself as (innermost of /proc/PID/status NSpid), else `pid`."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    fields = line.split()[1:]
+                    return int(fields[-1]) if fields else pid
+    except (OSError, ValueError):
+        pass
+    return pid
+
+
+def _other_root(pid: int) -> str | None:
+    """/proc/PID/root when the process sees another filesystem root (a container), else None."""
+    root = f"/proc/{pid}/root"
+    try:
+        theirs, ours = os.stat(root), os.stat("/")
+    except OSError:
+        return None
+    return None if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino) else root
+
+
+def _candidate_dirs(pid: int) -> tuple[list[str], int | None]:
+    """Folders where the probe of `pid` may be, most likely first, and the target's uid."""
+    uid: int | None = None
+    theirs: dict[str, str] = {}
+    try:
+        proc = psutil.Process(pid)
+        uid = proc.uids().real
+        try:
+            theirs = proc.environ()
+        except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            theirs = {}
+    except psutil.Error:
+        pass
+    owner = os.getuid() if uid is None else uid
+    dirs: list[str] = []
+    xdg = theirs.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        dirs.append(os.path.join(xdg, "gpuscope"))
+    dirs.append(f"/run/user/{owner}/gpuscope")
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        value = theirs.get(name)
+        if value and os.path.isabs(value):
+            dirs.append(os.path.join(value, f"gpuscope-{owner}"))
+            break
+    dirs.append(os.path.join("/tmp", f"gpuscope-{owner}"))
+    if owner == os.getuid():
+        dirs.append(_probe.runtime_dir())
+    dirs.append(os.path.join(tempfile.gettempdir(), f"gpuscope-{owner}"))
+    unique = list(dict.fromkeys(os.path.normpath(d) for d in dirs))
+    root = _other_root(pid)
+    if root:
+        unique = [root + d for d in unique] + unique
+    return unique, uid
+
+
+def probe_path(pid: int) -> str | None:
+    """The socket of the probe inside process `pid`, if one is there (stale ones are removed)."""
+    if not psutil.pid_exists(pid):
+        return None
+    dirs, uid = _candidate_dirs(pid)
+    name = f"probe-{_namespace_pid(pid)}.sock"
+    for folder in dirs:
+        path = os.path.join(folder, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISSOCK(st.st_mode):
+            continue
+        if uid is not None and st.st_uid != uid and st.st_uid != os.getuid():
+            continue  # not planted by the target's user: not trusted
+        if _stale(path):
+            continue
+        return path
+    return None
+
+
+def _stale(path: str) -> bool:
+    """Nobody listens on this socket (its process died): remove it and say so."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        sock.connect(path)
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            _remove(path)
+            return True
+        return False  # a timeout or a permission problem: not proof that it is stale
+    finally:
+        sock.close()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def list_probes(*, clean: bool = True) -> list[ProbeInfo]:
+    """Every probe gpuscope can see (this user's folders, and every user's when readable), by PID.
+
+    Sockets of dead processes are removed when `clean` (and permitted)."""
+    folders = {os.path.normpath(_probe.runtime_dir())}
+    for pattern_dir, prefix in (("/run/user", None), (tempfile.gettempdir(), "gpuscope-"), ("/tmp", "gpuscope-")):
+        try:
+            names = os.listdir(pattern_dir)
+        except OSError:
+            continue
+        for name in names:
+            if prefix is None and name.isdigit():
+                folders.add(os.path.join(pattern_dir, name, "gpuscope"))
+            elif prefix and name.startswith(prefix) and name[len(prefix):].isdigit():
+                folders.add(os.path.join(pattern_dir, name))
+    found: dict[int, ProbeInfo] = {}
+    for folder in sorted(folders):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            match = _NAME.match(name)
+            if not match:
+                continue
+            pid, path = int(match.group(1)), os.path.join(folder, name)
+            if not psutil.pid_exists(pid):
+                if clean:
+                    _remove(path)
+                continue
+            if clean and _stale(path):
+                continue
+            found.setdefault(pid, ProbeInfo(pid, path))
+    return [found[p] for p in sorted(found)]
+
+
+# -- talking to one ----------------------------------------------------------------------------------
+
+
+class ProbeClient:
+    """A connection to one probe. One request at a time; every reply has a deadline."""
+
+    def __init__(self, path: str, *, pid: int | None = None, connect_timeout: float = CONNECT_TIMEOUT_S,
+                 timeout: float = REPLY_TIMEOUT_S) -> None:
+        self.path = path
+        self.pid = pid
+        self.timeout = timeout
+        self._buffer = b""
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(connect_timeout)
+        try:
+            self._sock.connect(path)
+        except TimeoutError:
+            self._sock.close()
+            raise ProbeError(f"the probe at {path} did not accept a connection within {connect_timeout:g} s") from None
+        except OSError as exc:
+            self._sock.close()
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                raise ProbeError(f"no probe answers at {path} (its process has probably exited)") from None
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise ProbeError(f"not permitted to connect to {path}: run gpuscope as the service's user or as root") from None
+            raise ProbeError(f"cannot connect to the probe at {path}: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> ProbeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, op: str, *, timeout: float | None = None,
+                cancelled: Callable[[], bool] = lambda: False, **args: object) -> dict:
+        """Send one request and return its result; ProbeError on an error reply, a timeout, a
+        hang-up or a cancel (a cancel closes the connection, which tells the probe to stop)."""
+        who = f"process {self.pid}'s probe" if self.pid is not None else f"the probe at {self.path}"
+        line = json.dumps({"op": op, **args}, separators=(",", ":")).encode() + b"\n"
+        try:
+            self._sock.settimeout(timeout or self.timeout)
+            self._sock.sendall(line)
+        except OSError:
+            self.close()
+            raise ProbeError(f"{who} has gone away (the process exited or stopped its probe)") from None
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while b"\n" not in self._buffer:
+            if cancelled():
+                self.close()
+                raise ProbeError(f"cancelled: {op} in {who} was stopped")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise ProbeError(f"{who} did not answer {op} within {timeout or self.timeout:g} s")
+            try:
+                readable, _, _ = select.select([self._sock], [], [], min(0.2, left))
+                if not readable:
+                    continue
+                chunk = self._sock.recv(65536)
+            except (OSError, ValueError):
+                chunk = b""
+            if not chunk:
+                self.close()
+                raise ProbeError(f"{who} closed the connection before answering {op} (the process may have exited)")
+            self._buffer += chunk
+            if len(self._buffer) > MAX_REPLY:
+                self.close()
+                raise ProbeError(f"{who} sent a reply over {MAX_REPLY} bytes to {op}")
+        raw, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            raise ProbeError(f"{who} sent something that is not JSON in reply to {op}") from None
+        if not isinstance(reply, dict):
+            raise ProbeError(f"{who} sent an unexpected reply to {op}")
+        if not reply.get("ok"):
+            raise ProbeError(str(reply.get("error") or f"{op} failed in {who}"))
+        result = reply.get("result")
+        return result if isinstance(result, dict) else {}
+
+    def hello(self) -> dict:
+        return self.request("hello")
+
+    def stats(self) -> dict:
+        return self.request("stats")
+
+    def history_start(self, max_entries: int | None = None) -> dict:
+        return self.request("history_start", **({} if max_entries is None else {"max_entries": max_entries}))
+
+    def history_stop(self) -> dict:
+        return self.request("history_stop")
+
+    def snapshot(self, limit: int | None = None, timeout: float = 120.0) -> dict:
+        return self.request("snapshot", timeout=timeout, **({} if limit is None else {"limit": limit}))
+
+    def diff(self, before: int | None = None, after: int | None = None, limit: int | None = None) -> dict:
+        args = {k: v for k, v in (("before", before), ("after", after), ("limit", limit)) if v is not None}
+        return self.request("diff", timeout=60.0, **args)
+
+    def memray_track(self, seconds: float, *, limit: int | None = None,
+                     cancelled: Callable[[], bool] = lambda: False) -> dict:
+        args: dict[str, object] = {"seconds": seconds}
+        if limit is not None:
+            args["limit"] = limit
+        return self.request("memray_track", timeout=seconds + 60.0, cancelled=cancelled, **args)
+
+
+def probe_for(pid: int, *, connect_timeout: float = CONNECT_TIMEOUT_S, timeout: float = REPLY_TIMEOUT_S) -> ProbeClient | None:
+    """A connected client for the probe in process `pid`, or None if it has none."""
+    path = probe_path(pid)
+    if path is None:
+        return None
+    try:
+        return ProbeClient(path, pid=pid, connect_timeout=connect_timeout, timeout=timeout)
+    except ProbeError:
+        if _stale(path):
+            return None
+        raise
+
+
+def torch_memory(pid: int, *, timeout: float = 2.0) -> tuple[DeviceMemory, ...] | None:
+    """What PyTorch's allocator holds per device in process `pid`, through its probe.
+
+    None when the process has no probe or has not initialised CUDA (never an exception): a number
+    to show beside NVML's per-process figure (which also counts the CUDA context and memory
+    outside PyTorch)."""
+    try:
+        client = probe_for(pid, connect_timeout=min(timeout, CONNECT_TIMEOUT_S), timeout=timeout)
+    except ProbeError:
+        return None
+    if client is None:
+        return None
+    with client:
+        try:
+            devices = client.stats().get("devices") or []
+        except ProbeError:
+            return None
+    out = []
+    for d in devices:
+        if not isinstance(d, dict) or not isinstance(d.get("index"), int):
+            continue
+        out.append(DeviceMemory(
+            index=d["index"], allocated=d.get("allocated"), reserved=d.get("reserved"),
+            allocated_peak=d.get("allocated_peak"), reserved_peak=d.get("reserved_peak"),
+            num_alloc_retries=d.get("num_alloc_retries"), num_ooms=d.get("num_ooms"),
+        ))
+    return tuple(out)

@@ -1,0 +1,754 @@
+"""gpuscope's probe: a tiny agent inside a Python service that answers gpuscope's questions.
+
+    from gpuscope import probe
+    probe.start()          # once, at start-up; idempotent; never raises
+
+(or run the service under `gpuscope run -- python serve.py ...`, or attach it to a running
+process with `gpuscope run --inject --pid PID`). The probe is a daemon thread that serves a Unix
+socket; it does no work until asked. It never imports torch and never initialises CUDA: it looks
+at `sys.modules.get("torch")` and calls CUDA APIs only once `torch.cuda.is_initialized()` (even
+`torch.cuda.is_available()` can initialise the driver and break later forks). Standard library
+only; memray is imported only when a `memray_track` request asks for it.
+
+Where: `$XDG_RUNTIME_DIR/gpuscope/probe-<pid>.sock` when XDG_RUNTIME_DIR is a directory of this
+user, else `<tempdir>/gpuscope-<uid>/probe-<pid>.sock`. The folder is 0700 and the socket 0600:
+only the service's user (and root) can connect. `<pid>` is the PID as the service sees it (in a
+container, its namespace PID). The socket is removed by `stop()` and at exit; a socket left by a
+process that died (SIGKILL) is removed by the client (`gpuscope.core.probe_client`).
+
+Protocol: newline-delimited JSON over the socket, one request at a time per connection, any number
+of requests per connection. A request is one line, an object with "op" and the op's arguments
+(at most 64 KiB); each gets exactly one reply line:
+
+    {"ok": true, "result": {...}}            or            {"ok": false, "error": "one sentence"}
+
+A line that is not such an object gets an error reply and the connection stays usable; a line over
+64 KiB gets an error reply and the connection is closed. Frames are `[function, file, line]`,
+innermost first, everywhere. Ops:
+
+- `hello` -> {pid, python, executable, probe, protocol, torch (version or null), cuda:
+  {initialized, available (null until initialised: asking could initialise it), devices:
+  [{index, name, total_memory}]}, history (recording started by the probe), memray (importable),
+  memray_capture (a capture is running now)}.
+- `stats` -> {devices: [{index, allocated, reserved, active, inactive_split, allocated_peak,
+  reserved_peak, active_peak, allocations, num_alloc_retries, num_ooms}]} from
+  `torch.cuda.memory_stats(i)` for every device; a key this torch does not have is null.
+- `history_start` {max_entries?} -> `torch.cuda.memory._record_memory_history(enabled="state",
+  context="state", stacks="python", max_entries=...)`: stacks of live blocks from now on (blocks
+  allocated earlier have none). -> {recording: true, max_entries}.
+- `history_stop` -> stops recording (only if the probe started it) -> {recording: false}.
+- `snapshot` {limit?} -> takes `torch.cuda.memory._snapshot()`, keeps its live blocks
+  ("active_allocated") in a compact form (at most 2 snapshots kept) -> {id, blocks, bytes,
+  truncated, groups: [{bytes, count, frames}]} (the live blocks grouped by allocating stack,
+  largest first, at most `limit` groups).
+- `diff` {before?, after?, limit?} -> the blocks alive in snapshot `after` that were not alive in
+  `before` (default: the two latest), grouped by stack -> {before, after, bytes, count, groups,
+  omitted_groups}. That is memory allocated between the snapshots and still held.
+- `memray_track` {seconds, limit?} -> runs `memray.Tracker(<private temp file>,
+  native_traces=False, file_format=AGGREGATED_ALLOCATIONS)` in this thread for that long (stopped
+  early if the client hangs up), then {seconds, records: [{size, count, frames}], bytes, count,
+  omitted}: the allocations made meanwhile that are still alive, one record per stack (memray's
+  grouping), largest first. The probe's own frames are left out.
+
+Without torch, or before CUDA is initialised, the torch ops answer "CUDA not available: ...".
+Safety: every request is contained (an exception becomes an error reply); replies are bounded
+(groups, frames per stack, 8 MiB per reply); at most 2 snapshots and 16 connections at a time;
+one snapshot/diff/history op at a time and one memray capture at a time in the process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import json
+import os
+import select
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import threading
+import time
+
+PROBE_VERSION = "1.0"
+PROTOCOL = 1
+MAX_REQUEST = 64 * 1024
+MAX_REPLY = 8 * 1024 * 1024
+MAX_CLIENTS = 16
+MAX_FRAMES = 64  # frames kept per stack, innermost first
+MAX_GROUPS = 500
+DEFAULT_GROUPS = 50
+MAX_SNAPSHOTS = 2
+MAX_BLOCKS = 500_000  # live blocks kept per snapshot
+DEFAULT_HISTORY_ENTRIES = 100_000
+MAX_HISTORY_ENTRIES = 1_000_000
+MAX_TRACK_S = 600.0
+IDLE_TIMEOUT_S = 600.0  # a connection that says nothing for this long is closed
+
+_lock = threading.Lock()
+_server = None  # the running _Server, if any
+_last_error = None
+
+
+def runtime_dir(environ=None, uid=None):
+    """The folder this process's probe socket goes in (not created here)."""
+    environ = os.environ if environ is None else environ
+    uid = os.getuid() if uid is None else uid
+    xdg = environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        try:
+            st = os.stat(xdg)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+                return os.path.join(xdg, "gpuscope")
+        except OSError:
+            pass
+    return os.path.join(tempfile.gettempdir(), "gpuscope-%d" % uid)
+
+
+def socket_path(pid=None, environ=None):
+    return os.path.join(runtime_dir(environ), "probe-%d.sock" % (os.getpid() if pid is None else pid))
+
+
+def last_error():
+    """Why the last `start()` did not start a probe (None if it did)."""
+    return _last_error
+
+
+def running():
+    """The socket path of this process's probe, or None."""
+    server = _server
+    return server.path if server is not None and server.pid == os.getpid() else None
+
+
+def start(path=None, quiet=False):
+    """Start the probe (once per process). Returns its socket path, or None if it could not start
+    (then `last_error()` says why, and one line goes to stderr unless `quiet`). Never raises."""
+    global _server, _last_error
+    with _lock:
+        if _server is not None and _server.pid == os.getpid():
+            return _server.path
+        try:
+            target = path or socket_path()
+            _prepare_folder(os.path.dirname(target))
+            if _answering(target):
+                # Another copy of this module (loaded by file path by `gpuscope run` or an
+                # injection) already serves this PID: one probe per process is enough.
+                _last_error = None
+                return target
+            _server = _Server(target)
+            _server.start()
+        except Exception as exc:  # the host must never be hurt by its probe
+            _server = None
+            _last_error = "%s: %s" % (type(exc).__name__, exc) if str(exc) else type(exc).__name__
+            if not quiet:
+                try:
+                    sys.stderr.write("gpuscope probe: not started (%s)\n" % _last_error)
+                except Exception:
+                    pass
+            return None
+        _last_error = None
+        return _server.path
+
+
+def stop():
+    """Stop the probe and remove its socket (stops torch history and memray if it started them)."""
+    global _server
+    with _lock:
+        server, _server = _server, None
+    if server is not None and server.pid == os.getpid():
+        server.close()
+
+
+def _prepare_folder(folder):
+    """Create the socket folder 0700, or check that an existing one is private and ours."""
+    try:
+        os.makedirs(folder, mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError("%s is not a folder" % folder)
+    if st.st_uid != os.getuid():
+        raise OSError("%s belongs to another user" % folder)
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(folder, 0o700)
+
+
+def _answering(path):
+    """Is something listening on this socket? A socket nobody listens on is stale: removed."""
+    if not os.path.exists(path):
+        return False
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(1.0)
+    try:
+        sock.connect(path)
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise  # busy or forbidden: not proof that it is stale
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return False
+    finally:
+        sock.close()
+
+
+class RequestError(Exception):
+    """A request that cannot be answered; the message is the reply's one sentence."""
+
+
+# -- the server -------------------------------------------------------------------------------------
+
+
+class _Server:
+    def __init__(self, path):
+        self.path = path
+        self.pid = os.getpid()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.listener.bind(path)
+            os.chmod(path, 0o600)
+            self.listener.listen(8)
+        except Exception:
+            self.listener.close()
+            raise
+        self.closing = False
+        self.clients = 0
+        self.conns = set()
+        self.clients_lock = threading.Lock()
+        self.state = _State()
+        self.thread = threading.Thread(target=self._accept_loop, name="gpuscope-probe", daemon=True)
+
+    def start(self):
+        self.thread.start()
+        atexit.register(self.close)
+
+    def close(self):
+        if self.closing:
+            return
+        self.closing = True
+        if os.getpid() != self.pid:  # a forked child: the socket belongs to the parent
+            return
+        try:
+            atexit.unregister(self.close)
+        except Exception:
+            pass
+        # Wake the accept loop (a blocking accept() is not woken by close() on Linux), then
+        # remove the socket so nobody connects again.
+        try:
+            poke = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            poke.settimeout(0.5)
+            try:
+                poke.connect(self.path)
+            except OSError:
+                pass
+            poke.close()
+        except OSError:
+            pass
+        try:
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        with self.clients_lock:
+            conns = list(self.conns)
+        for conn in conns:  # connected clients see the end of the stream
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.state.release()
+
+    def _accept_loop(self):
+        while not self.closing:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError as exc:
+                if self.closing or exc.errno in (errno.EBADF, errno.EINVAL):
+                    return
+                time.sleep(0.1)  # EMFILE and friends: do not spin
+                continue
+            if self.closing:
+                conn.close()
+                return
+            with self.clients_lock:
+                busy = self.clients >= MAX_CLIENTS
+                if not busy:
+                    self.clients += 1
+                    self.conns.add(conn)
+            if busy:
+                _send(conn, {"ok": False, "error": "too many gpuscope clients are connected to this probe"})
+                conn.close()
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="gpuscope-probe-client", daemon=True).start()
+            except Exception:
+                with self.clients_lock:
+                    self.clients -= 1
+                    self.conns.discard(conn)
+                conn.close()
+
+    def _serve(self, conn):
+        try:
+            conn.settimeout(IDLE_TIMEOUT_S)
+            buffer = b""
+            while not self.closing:
+                newline = buffer.find(b"\n")
+                if newline < 0:
+                    if len(buffer) > MAX_REQUEST:
+                        _send(conn, {"ok": False, "error": "request longer than %d bytes: closing" % MAX_REQUEST})
+                        return
+                    try:
+                        chunk = conn.recv(65536)
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    buffer += chunk
+                    continue
+                line, buffer = buffer[:newline], buffer[newline + 1 :]
+                if len(line) > MAX_REQUEST:
+                    _send(conn, {"ok": False, "error": "request longer than %d bytes: closing" % MAX_REQUEST})
+                    return
+                if not line.strip():
+                    continue
+                reply = self.answer(line, lambda: _hung_up(conn))
+                if not _send(conn, reply):
+                    return
+        except Exception:
+            pass  # a broken connection ends only itself
+        finally:
+            with self.clients_lock:
+                self.clients -= 1
+                self.conns.discard(conn)
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def answer(self, line, hung_up=lambda: False):
+        try:
+            try:
+                request = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                raise RequestError("not a JSON request: send one JSON object per line, such as {\"op\": \"hello\"}")
+            if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+                raise RequestError("a request is a JSON object with an \"op\" (hello, stats, history_start, "
+                                   "history_stop, snapshot, diff, memray_track)")
+            handler = _OPS.get(request["op"])
+            if handler is None:
+                raise RequestError("unknown op %r; known: %s" % (request["op"][:40], ", ".join(sorted(_OPS))))
+            result = handler(self.state, request, hung_up)
+            return {"ok": True, "result": result}
+        except RequestError as exc:
+            return {"ok": False, "error": str(exc)}
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            return {"ok": False, "error": "%s: %s" % (type(exc).__name__, text[0][:300]) if text else type(exc).__name__}
+
+
+def _send(conn, reply):
+    try:
+        data = json.dumps(reply, separators=(",", ":"), default=str).encode("utf-8") + b"\n"
+    except Exception as exc:
+        data = json.dumps({"ok": False, "error": "reply not serialisable: %s" % exc}).encode("utf-8") + b"\n"
+    if len(data) > MAX_REPLY:
+        data = json.dumps({"ok": False, "error": "reply larger than %d bytes: ask for fewer groups" % MAX_REPLY}).encode() + b"\n"
+    try:
+        conn.sendall(data)
+        return True
+    except OSError:
+        return False
+
+
+def _hung_up(conn):
+    """Has the client closed its end? (Data waiting is not a hang-up.)"""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        if not readable:
+            return False
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+# -- what the probe knows ---------------------------------------------------------------------------
+
+
+class _State:
+    def __init__(self):
+        self.work = threading.Lock()  # one torch snapshot/diff/history op at a time
+        self.memray = threading.Lock()  # one memray capture at a time
+        self.recording = False
+        self.snapshots = {}  # id -> (taken, blocks, truncated)
+        self.next_id = 1
+
+    def release(self):
+        """Forget snapshots and stop what the probe started (at stop or exit)."""
+        self.snapshots = {}
+        if self.recording:
+            try:
+                torch = _cuda_torch()
+                torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                pass
+            self.recording = False
+
+
+def _int(value, default, low, high, name):
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError("%s must be a number" % name)
+    return int(max(low, min(high, value)))
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _cuda_torch():
+    """torch, if it is imported and has initialised CUDA; else RequestError("CUDA not available")."""
+    torch = _torch()
+    if torch is None:
+        raise RequestError("CUDA not available: torch is not imported in this process")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        initialized = bool(cuda is not None and cuda.is_initialized())
+    except Exception:
+        initialized = False
+    if not initialized:
+        raise RequestError("CUDA not available: torch has not initialised CUDA in this process")
+    return torch
+
+
+def _op_hello(state, request, hung_up):
+    torch = _torch()
+    cuda = {"initialized": False, "available": None, "devices": []}
+    if torch is not None:
+        try:
+            torch = _cuda_torch()
+        except RequestError:
+            pass
+        else:
+            cuda["initialized"] = True
+            cuda["available"] = True
+            for i in range(torch.cuda.device_count()):
+                device = {"index": i, "name": None, "total_memory": None}
+                try:
+                    props = torch.cuda.get_device_properties(i)
+                    device["name"] = getattr(props, "name", None)
+                    device["total_memory"] = getattr(props, "total_memory", None)
+                except Exception:
+                    pass
+                cuda["devices"].append(device)
+    try:
+        import importlib.util
+
+        memray = importlib.util.find_spec("memray") is not None
+    except Exception:
+        memray = False
+    return {
+        "pid": os.getpid(),
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "executable": sys.executable,
+        "probe": PROBE_VERSION,
+        "protocol": PROTOCOL,
+        "torch": getattr(torch, "__version__", None) if torch is not None else None,
+        "cuda": cuda,
+        "history": state.recording,
+        "memray": memray,
+        "memray_capture": state.memray.locked(),
+    }
+
+
+# memory_stats key names differ across versions (the docstring's "allocated" is "allocation" in C++).
+_STAT_KEYS = {
+    "allocated": ("allocated_bytes.all.current",),
+    "reserved": ("reserved_bytes.all.current",),
+    "active": ("active_bytes.all.current",),
+    "inactive_split": ("inactive_split_bytes.all.current",),
+    "allocated_peak": ("allocated_bytes.all.peak",),
+    "reserved_peak": ("reserved_bytes.all.peak",),
+    "active_peak": ("active_bytes.all.peak",),
+    "allocations": ("allocation.all.current", "allocated.all.current"),
+    "num_alloc_retries": ("num_alloc_retries",),
+    "num_ooms": ("num_ooms",),
+}
+
+
+def device_stats(raw):
+    """The probe's figures from one `torch.cuda.memory_stats()` dict; a missing key is None."""
+    out = {}
+    for name, keys in _STAT_KEYS.items():
+        out[name] = None
+        for key in keys:
+            value = raw.get(key) if hasattr(raw, "get") else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[name] = int(value)
+                break
+    return out
+
+
+def _op_stats(state, request, hung_up):
+    torch = _cuda_torch()
+    devices = []
+    for i in range(torch.cuda.device_count()):
+        try:
+            figures = device_stats(torch.cuda.memory_stats(i))
+            figures["error"] = None
+        except Exception as exc:
+            figures = device_stats({})
+            figures["error"] = "%s: %s" % (type(exc).__name__, exc)
+        figures["index"] = i
+        devices.append(figures)
+    return {"devices": devices}
+
+
+def _op_history_start(state, request, hung_up):
+    torch = _cuda_torch()
+    entries = _int(request.get("max_entries"), DEFAULT_HISTORY_ENTRIES, 1, MAX_HISTORY_ENTRIES, "max_entries")
+    with state.work:
+        record = torch.cuda.memory._record_memory_history
+        try:
+            record(enabled="state", context="state", stacks="python", max_entries=entries)
+        except TypeError:  # an older signature: the documented minimum
+            record(enabled="state", stacks="python", max_entries=entries)
+        state.recording = True
+    return {"recording": True, "max_entries": entries}
+
+
+def _op_history_stop(state, request, hung_up):
+    torch = _cuda_torch()
+    with state.work:
+        was = state.recording
+        if was:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            state.recording = False
+    return {"recording": False, "stopped": was}
+
+
+def _frames(raw):
+    """Torch frames ({filename, line, name}) as [function, file, line], innermost first, bounded."""
+    out = []
+    for f in raw or ():
+        if len(out) >= MAX_FRAMES:
+            break
+        if isinstance(f, dict):
+            try:
+                line = int(f.get("line") or 0)
+            except (TypeError, ValueError):
+                line = 0
+            out.append((str(f.get("name") or "?"), str(f.get("filename") or "?"), line))
+    return tuple(out)
+
+
+def live_blocks(snapshot, limit=MAX_BLOCKS):
+    """The blocks a program still holds in a `torch.cuda.memory._snapshot()`: [(device, address,
+    size, frames)], and whether the list was cut at `limit`. Only "active_allocated" counts:
+    "active_awaiting_free" / "active_pending_free" were freed by the program (a stream still uses
+    them) and "inactive" is the allocator's cache. Identical stacks are shared, not copied."""
+    blocks = []
+    interned = {}
+    truncated = False
+    for segment in (snapshot or {}).get("segments") or ():
+        if not isinstance(segment, dict):
+            continue
+        device = segment.get("device")
+        for block in segment.get("blocks") or ():
+            if not isinstance(block, dict) or block.get("state") != "active_allocated":
+                continue
+            if len(blocks) >= limit:
+                truncated = True
+                break
+            frames = _frames(block.get("frames"))
+            frames = interned.setdefault(frames, frames)
+            blocks.append((device, int(block.get("address") or 0), int(block.get("size") or 0), frames))
+    return blocks, truncated
+
+
+def group_by_stack(blocks, limit=DEFAULT_GROUPS):
+    """[{bytes, count, frames}] by allocating stack, largest first (at most `limit`), and how many
+    groups were left out. Blocks allocated before history was recorded have an empty stack."""
+    sizes = {}
+    counts = {}
+    for _, _, size, frames in blocks:
+        sizes[frames] = sizes.get(frames, 0) + size
+        counts[frames] = counts.get(frames, 0) + 1
+    ranked = sorted(sizes, key=lambda k: (-sizes[k], -counts[k]))
+    groups = [{"bytes": sizes[k], "count": counts[k], "frames": [list(f) for f in k]} for k in ranked[:limit]]
+    return groups, max(0, len(ranked) - limit)
+
+
+def diff_blocks(before, after):
+    """Blocks of `after` that were not alive in `before`: allocated between them and still held.
+    A block is the same block only with the same device, address, size and stack."""
+    seen = set(before)
+    return [b for b in after if b not in seen]
+
+
+def _op_snapshot(state, request, hung_up):
+    torch = _cuda_torch()
+    limit = _int(request.get("limit"), DEFAULT_GROUPS, 0, MAX_GROUPS, "limit")
+    with state.work:
+        raw = torch.cuda.memory._snapshot()
+        blocks, truncated = live_blocks(raw)
+        del raw
+        sid = state.next_id
+        state.next_id += 1
+        state.snapshots[sid] = (time.time(), blocks, truncated)
+        for old in sorted(state.snapshots)[:-MAX_SNAPSHOTS]:
+            del state.snapshots[old]
+        groups, omitted = group_by_stack(blocks, limit)
+    return {
+        "id": sid,
+        "blocks": len(blocks),
+        "bytes": sum(b[2] for b in blocks),
+        "truncated": truncated,
+        "groups": groups,
+        "omitted_groups": omitted,
+    }
+
+
+def _op_diff(state, request, hung_up):
+    _cuda_torch()
+    limit = _int(request.get("limit"), DEFAULT_GROUPS, 0, MAX_GROUPS, "limit")
+    with state.work:
+        ids = sorted(state.snapshots)
+        before = request.get("before")
+        after = request.get("after")
+        if before is None:
+            before = ids[-2] if len(ids) >= 2 else None
+        if after is None:
+            after = ids[-1] if ids else None
+        for name, sid in (("before", before), ("after", after)):
+            if isinstance(sid, bool) or not isinstance(sid, (int, type(None))):
+                raise RequestError("%s must be a snapshot id (a whole number)" % name)
+            if sid not in state.snapshots:
+                raise RequestError("no snapshot %r to diff (%s): take two snapshots first; the probe keeps the last %d"
+                                   % (sid, name, MAX_SNAPSHOTS))
+        added = diff_blocks(state.snapshots[before][1], state.snapshots[after][1])
+    groups, omitted = group_by_stack(added, limit)
+    return {
+        "before": before,
+        "after": after,
+        "bytes": sum(b[2] for b in added),
+        "count": len(added),
+        "groups": groups,
+        "omitted_groups": omitted,
+    }
+
+
+# -- memray, in process -----------------------------------------------------------------------------
+
+
+def leaked_records(path, limit=None, exclude_files=()):
+    """The allocations still alive at the end of a memray capture: [(frames, bytes, count)], one per
+    stack (memray merges threads), largest first; frames are (function, file, line) innermost
+    first. Stacks that pass through a file of `exclude_files` are left out."""
+    from memray import FileReader  # lazily: only memray captures need it
+
+    reader = FileReader(path)
+    out = []
+    excluded = set(exclude_files)
+    for record in reader.get_leaked_allocation_records(merge_threads=True):
+        frames = tuple((str(fn), str(filename), int(line or 0)) for fn, filename, line in record.stack_trace())
+        if excluded and any(f[1] in excluded for f in frames):
+            continue
+        out.append((frames, int(record.size), int(record.n_allocations)))
+    out.sort(key=lambda r: -r[1])
+    return out if limit is None else out[:limit]
+
+
+def _own_files():
+    files = {__file__, os.path.abspath(__file__)}
+    if __file__.endswith(".pyc"):
+        files.add(__file__[:-1])
+    return tuple(files)
+
+
+def _op_memray_track(state, request, hung_up):
+    seconds = request.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_TRACK_S:
+        raise RequestError("seconds must be a number above 0 and at most %g" % MAX_TRACK_S)
+    limit = _int(request.get("limit"), 200, 1, 2000, "limit")
+    try:
+        import memray
+    except ImportError:
+        raise RequestError("memray is not importable in this process: install memray (or gpuscope) into the "
+                           "service's environment")
+    if not state.memray.acquire(False):
+        raise RequestError("a memray capture is already running in this process: try again when it ends")
+    folder = None
+    try:
+        folder = tempfile.mkdtemp(prefix="gpuscope-memray-")
+        capture = os.path.join(folder, "capture.bin")
+        started = time.monotonic()
+        try:
+            tracker = memray.Tracker(capture, native_traces=False,
+                                     file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
+        except TypeError:
+            raise RequestError("this memray is too old for aggregated captures: install memray 1.11 or newer")
+        with tracker:
+            deadline = started + float(seconds)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or hung_up():
+                    break
+                time.sleep(min(0.1, left))
+        took = time.monotonic() - started
+        if hung_up():
+            raise RequestError("cancelled: the client hung up")
+        records = leaked_records(capture, exclude_files=_own_files())
+    finally:
+        state.memray.release()
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+    kept = records[:limit]
+    return {
+        "seconds": round(took, 3),
+        "records": [{"size": r[1], "count": r[2], "frames": [list(f) for f in r[0][:MAX_FRAMES]]} for r in kept],
+        "bytes": sum(r[1] for r in records),
+        "count": sum(r[2] for r in records),
+        "omitted": len(records) - len(kept),
+    }
+
+
+_OPS = {
+    "hello": _op_hello,
+    "stats": _op_stats,
+    "history_start": _op_history_start,
+    "history_stop": _op_history_stop,
+    "snapshot": _op_snapshot,
+    "diff": _op_diff,
+    "memray_track": _op_memray_track,
+}
+
+
+def _after_fork_in_child():
+    """A forked child inherits the listening socket but not the thread: it has no probe (the
+    parent's socket stays the parent's). It may call start() for a probe of its own."""
+    global _server, _lock
+    _lock = threading.Lock()
+    server, _server = _server, None
+    if server is not None:
+        server.closing = True
+        try:
+            server.listener.close()
+        except OSError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

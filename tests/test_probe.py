@@ -1,0 +1,446 @@
+"""gpuscope's probe inside a service: its protocol, its client, its manners.
+
+The probe runs in real child processes (without torch, with CPU torch, with a stand-in torch whose
+CUDA is "initialised"), except where a test needs to look at the files it makes.
+"""
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpuscope import probe
+from gpuscope.core import allocations, probe_client
+from gpuscope.core.probe_client import ProbeClient, ProbeError
+
+from helpers import ROOT, wait_until
+
+TESTS = str(Path(__file__).resolve().parent)
+
+# A child with the probe started; `{setup}` runs before the probe, `{body}` after "ready".
+PROBED = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+{setup}
+from gpuscope import probe
+assert probe.start(), probe.last_error()
+print("ready", flush=True)
+{body}
+"""
+IDLE = "while True:\n    time.sleep(0.2)"
+EXIT_ON_FLAG = "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\nprint('bye', flush=True)"
+LEAKING = """
+keep = []
+def keep_request_buffers(i):
+    keep.append(bytearray(200_000))
+def handle(i):
+    scratch = [bytearray(50_000) for _ in range(4)]
+    keep_request_buffers(i)
+    return len(scratch)
+i = 0
+while True:
+    handle(i); i += 1
+    time.sleep(0.01)
+"""
+FAKE_CUDA = "import fake_cuda_torch as torch"
+CUDA_LEAKING = """
+kv = []
+def keep_kv(step):
+    kv.append(torch.empty(4 << 20))
+def scratch(step):
+    for _ in range(3):
+        torch.free(torch.empty(1 << 20))
+step = 0
+while True:
+    keep_kv(step); scratch(step); step += 1
+    time.sleep(0.02)
+"""
+
+
+def probed(spawn_python, body=IDLE, setup="", *args):
+    child = spawn_python(PROBED.format(tests=TESTS, setup=setup, body=textwrap.dedent(body)), *args)
+    wait_until(lambda: probe_client.probe_path(child.pid), timeout=10, what="the probe's socket")
+    return child
+
+
+def connect(pid, **kw) -> ProbeClient:
+    client = probe_client.probe_for(pid, **kw)
+    assert client is not None, f"no probe found for {pid}"
+    return client
+
+
+def loaded_after_import(module: str) -> set[str]:
+    code = f"import sys\nbefore = set(sys.modules)\nimport {module}\nprint(' '.join(sorted(set(sys.modules) - before)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+# -- importing it ------------------------------------------------------------------------------------
+
+
+def test_importing_the_probe_loads_only_the_standard_library():
+    loaded = loaded_after_import("gpuscope.probe")
+    heavy = {m for m in loaded if m.split(".")[0] in ("torch", "textual", "rich", "memray", "psutil", "prometheus_client")}
+    assert heavy == set() and not any(m.startswith("gpuscope.core") for m in loaded)
+
+
+# -- in this process: files, permissions, start and stop ---------------------------------------------
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
+    yield run / "gpuscope"
+    probe.stop()
+
+
+def test_socket_is_private_named_by_pid_idempotent_and_removed_when_stopped(runtime):
+    path = probe.start()
+    assert path == str(runtime / f"probe-{os.getpid()}.sock")
+    assert stat.S_IMODE(os.stat(runtime).st_mode) == 0o700
+    assert stat.S_ISSOCK(os.stat(path).st_mode) and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert probe.start() == path and probe.running() == path  # once per process
+    with ProbeClient(path) as client:
+        assert client.hello()["pid"] == os.getpid()
+    probe.stop()
+    assert not os.path.exists(path) and probe.running() is None
+    wait_until(lambda: not any(t.name == "gpuscope-probe" for t in threading.enumerate()), timeout=5,
+               what="the probe's thread to end")
+    assert probe.start() == path  # and it can start again
+
+
+def test_a_folder_left_too_open_is_made_private(runtime):
+    runtime.mkdir(mode=0o755)
+    os.chmod(runtime, 0o755)
+    assert probe.start()
+    assert stat.S_IMODE(os.stat(runtime).st_mode) == 0o700
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a folder of another user needs root")
+def test_a_folder_of_another_user_is_refused_without_raising(runtime, capsys):
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, 65534, 65534)
+    assert probe.start() is None
+    assert "another user" in probe.last_error()
+    assert "gpuscope probe: not started" in capsys.readouterr().err
+
+
+def test_a_second_copy_of_the_module_does_not_start_a_second_probe(runtime):
+    """`gpuscope run` may load probe.py by path while the service imports its own gpuscope."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpuscope_probe_copy", probe.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    path = copy.start()
+    try:
+        assert probe.start() == path and probe.running() is None  # it answered: this copy stays idle
+    finally:
+        copy.stop()
+
+
+def test_a_forked_child_leaves_the_parents_probe_alone(spawn_python):
+    child = probed(spawn_python, """
+        pid = os.fork()
+        if pid == 0:
+            from gpuscope import probe as p
+            assert p.running() is None  # the child has no probe of its own
+            sys.exit(0)                 # atexit runs here: it must not remove the parent's socket
+        os.waitpid(pid, 0)
+        print("forked", flush=True)
+        while True:
+            time.sleep(0.2)
+    """)
+    assert child.stdout.readline().strip() == "forked"
+    with connect(child.pid) as client:
+        assert client.hello()["pid"] == child.pid
+
+
+def test_the_fallback_folder_is_per_user_in_the_temp_dir(monkeypatch):
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    assert probe.runtime_dir().endswith(f"gpuscope-{os.getuid()}")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/nonexistent-runtime-dir")
+    assert probe.runtime_dir().endswith(f"gpuscope-{os.getuid()}")
+
+
+# -- a service without torch -------------------------------------------------------------------------
+
+
+def test_hello_and_the_torch_requests_without_torch(spawn_python):
+    child = probed(spawn_python)
+    with connect(child.pid) as client:
+        hello = client.hello()
+        assert hello["pid"] == child.pid and hello["torch"] is None and hello["protocol"] == probe.PROTOCOL
+        assert hello["cuda"] == {"initialized": False, "available": None, "devices": []}
+        for op in ("stats", "history_start", "snapshot", "history_stop"):
+            with pytest.raises(ProbeError, match="^CUDA not available: torch is not imported"):
+                client.request(op)
+    assert probe_client.torch_memory(child.pid) is None
+
+
+def test_garbage_gets_an_error_reply_and_breaks_nothing(spawn_python):
+    child = probed(spawn_python)
+    path = probe_client.probe_path(child.pid)
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.settimeout(10)
+    raw.connect(path)
+    reader = raw.makefile("rb")
+    for junk in (b"hello\n", b"[1, 2]\n", b'{"op": 5}\n', b'{"op": "rm -rf"}\n', b"\xff\xfe\x00\n",
+                 b'{"op": "memray_track", "seconds": "soon"}\n', b'{"op": "diff", "before": [1]}\n'):
+        raw.sendall(junk)
+        reply = json.loads(reader.readline())
+        assert reply["ok"] is False and reply["error"], junk
+    raw.sendall(b'{"op": "hello"}\n')  # the same connection still works
+    assert json.loads(reader.readline())["result"]["pid"] == child.pid
+    raw.sendall(b"x" * (probe.MAX_REQUEST + 10))  # no newline, too long: an error, then closed
+    reply = json.loads(reader.readline())
+    assert reply["ok"] is False and "longer than" in reply["error"]
+    assert reader.readline() == b""
+    raw.close()
+    with connect(child.pid) as client:  # the probe still serves
+        assert client.hello()["pid"] == child.pid
+    assert child.poll() is None
+
+
+def test_two_clients_at_once(spawn_python):
+    child = probed(spawn_python, LEAKING)
+    slow, quick = connect(child.pid), connect(child.pid)
+    results = {}
+    thread = threading.Thread(target=lambda: results.setdefault("track", slow.memray_track(1.5)))
+    thread.start()
+    try:
+        wait_until(lambda: quick.hello()["memray_capture"], timeout=10, what="the capture to begin")
+        started = time.monotonic()
+        assert quick.hello()["pid"] == child.pid  # answered while the other client's capture runs
+        assert time.monotonic() - started < 1.0
+        with pytest.raises(ProbeError, match="already running"):
+            quick.memray_track(1.0)  # one capture at a time in the process
+    finally:
+        thread.join(30)
+        slow.close()
+        quick.close()
+    assert results["track"]["records"][0]["frames"][0][0] == "keep_request_buffers"
+
+
+def test_a_process_that_exits_removes_its_socket_and_clients_are_told(spawn_python, tmp_path):
+    flag = tmp_path / "exit-now"
+    child = probed(spawn_python, EXIT_ON_FLAG, "", str(flag))
+    path = probe_client.probe_path(child.pid)
+    client = connect(child.pid)
+    assert client.hello()["pid"] == child.pid
+    flag.touch()
+    assert child.stdout.readline().strip() == "bye"
+    child.wait(10)
+    assert not os.path.exists(path)  # atexit removed it
+    with pytest.raises(ProbeError, match="gone away|closed the connection"):
+        client.hello()
+    assert probe_client.probe_for(child.pid) is None
+    with pytest.raises(ProbeError, match="no probe answers"):
+        ProbeClient(path)
+
+
+def test_a_killed_process_leaves_a_stale_socket_that_the_client_removes(spawn_python):
+    child = probed(spawn_python)
+    path = probe_client.probe_path(child.pid)
+    child.kill()
+    child.wait(10)
+    assert os.path.exists(path)  # SIGKILL: no atexit
+    assert child.pid not in [p.pid for p in probe_client.list_probes()]
+    assert not os.path.exists(path)
+
+
+def test_list_probes_finds_live_probes(spawn_python):
+    first, second = probed(spawn_python), probed(spawn_python)
+    pids = {p.pid for p in probe_client.list_probes()}
+    assert {first.pid, second.pid} <= pids
+
+
+def test_a_reply_that_never_comes_times_out(tmp_path):
+    path = str(tmp_path / "mute.sock")
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(path)
+    mute.listen(1)
+    try:
+        with ProbeClient(path, timeout=0.5) as client:
+            started = time.monotonic()
+            with pytest.raises(ProbeError, match="did not answer hello within 0.5 s"):
+                client.hello()
+            assert time.monotonic() - started < 3
+    finally:
+        mute.close()
+
+
+# -- with CPU torch: "CUDA not available", and CUDA is never initialised -----------------------------
+
+
+def test_with_cpu_torch_the_torch_requests_say_cuda_not_available(spawn_python):
+    torch = pytest.importorskip("torch")
+    child = probed(spawn_python, setup="import torch")
+    with connect(child.pid, timeout=30) as client:
+        hello = client.hello()
+        assert hello["torch"] == torch.__version__
+        for op in ("stats", "history_start", "snapshot", "diff", "history_stop"):
+            with pytest.raises(ProbeError, match="^CUDA not available: torch has not initialised CUDA"):
+                client.request(op)
+        assert client.hello()["cuda"]["initialized"] is False  # asking did not initialise it
+    result = allocations.attribute(child.pid, 0.5, use_memray=False)
+    assert result.rungs[0] == allocations.Rung(
+        "torch-history", "skipped", "CUDA not available in the process (torch has not initialised CUDA)"
+    )
+
+
+# -- with CUDA "initialised" (a stand-in torch): stats, history, snapshots, the torch rung ----------
+
+
+def test_stats_read_memory_stats_and_missing_keys_are_null(spawn_python):
+    child = probed(spawn_python, "torch.empty(3 << 20)\n" + IDLE, FAKE_CUDA)
+    with connect(child.pid) as client:
+        hello = client.hello()
+        assert hello["torch"] == "2.99.0+fake" and hello["cuda"]["initialized"] is True
+        assert hello["cuda"]["devices"] == [{"index": 0, "name": "Fake GPU", "total_memory": 80 << 30}]
+        (device,) = client.stats()["devices"]
+    assert device["allocated"] == 3 << 20 and device["reserved"] == 3 << 20 and device["allocations"] == 1
+    assert device["reserved_peak"] is None and device["inactive_split"] is None and device["num_ooms"] == 0
+    (memory,) = probe_client.torch_memory(child.pid)
+    assert (memory.index, memory.allocated, memory.reserved) == (0, 3 << 20, 3 << 20)
+
+
+def test_torch_history_rung_names_the_function_that_keeps_cuda_blocks(spawn_python):
+    child = probed(spawn_python, CUDA_LEAKING, FAKE_CUDA)
+    result = allocations.attribute(child.pid, 1.5)
+    assert result.method == "torch-history" and result.confidence == "high"
+    assert result.rungs == (allocations.Rung("torch-history", "used", result.rungs[0].detail),)
+    top = result.suspects[0]
+    assert top.function == "keep_kv" and top.method == "torch-history" and top.share == 1.0
+    assert top.bytes == top.count * (4 << 20) and top.count >= 10  # bytes still held, not churn
+    with connect(child.pid) as client:
+        assert client.hello()["history"] is False  # recording was stopped again
+
+
+def test_snapshots_are_bounded_and_diff_needs_two(spawn_python):
+    child = probed(spawn_python, CUDA_LEAKING, FAKE_CUDA)
+    with connect(child.pid) as client:
+        with pytest.raises(ProbeError, match="take two snapshots first"):
+            client.diff()
+        client.history_start(max_entries=10**9)
+        ids = [client.snapshot(limit=1)["id"] for _ in range(3)]
+        with pytest.raises(ProbeError, match=f"no snapshot {ids[0]} "):
+            client.diff(before=ids[0], after=ids[2])
+        diff = client.diff()  # the two latest
+        assert (diff["before"], diff["after"]) == (ids[1], ids[2])
+        assert client.history_stop()["stopped"] is True
+
+
+# -- the snapshot logic, on snapshots in PyTorch's documented format --------------------------------
+
+
+def frame(name, line, filename="/srv/app/model.py"):
+    return {"filename": filename, "line": line, "name": name}
+
+
+def block(address, size, state="active_allocated", frames=()):
+    return {"address": address, "size": size, "requested_size": size, "state": state, "frames": list(frames)}
+
+
+KV = [frame("grow_cache", 40), frame("decode", 90), frame("<module>", 5, "/srv/app/serve.py")]
+ACT = [frame("forward", 12), frame("decode", 88), frame("<module>", 5, "/srv/app/serve.py")]
+
+
+def snapshot(*blocks, device=0):
+    return {"segments": [{"device": device, "address": 0, "total_size": 1 << 30, "segment_type": "large",
+                          "blocks": list(blocks)}], "device_traces": [[]]}
+
+
+def test_live_blocks_are_active_allocated_only():
+    snap = snapshot(block(1, 100, frames=KV), block(2, 200, "inactive"), block(3, 300, "active_awaiting_free", ACT),
+                    block(4, 400, "active_pending_free", ACT), block(5, 500))  # 5: from before history
+    blocks, truncated = probe.live_blocks(snap)
+    assert [(b[1], b[2]) for b in blocks] == [(1, 100), (5, 500)] and not truncated
+    assert blocks[0][3][0] == ("grow_cache", "/srv/app/model.py", 40) and blocks[1][3] == ()
+    assert probe.live_blocks(snap, limit=1) == (blocks[:1], True)
+    assert probe.live_blocks({}) == ([], False) and probe.live_blocks({"segments": [{"blocks": None}]}) == ([], False)
+
+
+def test_diff_keeps_what_was_allocated_between_and_is_still_held():
+    before, _ = probe.live_blocks(snapshot(block(1, 500), block(2, 100, frames=KV), block(3, 64, frames=ACT)))
+    after, _ = probe.live_blocks(snapshot(
+        block(1, 500),                      # from before history: held all along
+        block(2, 100, frames=KV),           # held all along
+        # 3 was freed; its address was reused by a new block of the same size elsewhere
+        block(3, 64, frames=KV),
+        block(6, 2048, frames=KV), block(7, 2048, frames=KV),
+        block(8, 512, frames=ACT),
+        block(9, 4096, "inactive"),         # cached by the allocator, not held
+        block(10, 1024, "active_awaiting_free", KV),  # freed by the program
+    ))
+    groups, omitted = probe.group_by_stack(probe.diff_blocks(before, after))
+    assert [(g["bytes"], g["count"], g["frames"][0][0]) for g in groups] == [(4160, 3, "grow_cache"), (512, 1, "forward")]
+    assert omitted == 0 and groups[0]["frames"][1] == ["decode", "/srv/app/model.py", 90]
+    assert probe.group_by_stack(probe.diff_blocks(before, after), limit=1)[1] == 1
+    suspects = allocations.suspects_from_records([(tuple(map(tuple, g["frames"])), g["bytes"], g["count"]) for g in groups],
+                                                 method="torch-history")
+    assert [(s.function, s.bytes, s.method) for s in suspects] == [("grow_cache", 4160, "torch-history"),
+                                                                   ("forward", 512, "torch-history")]
+
+
+def test_device_stats_reads_keys_defensively():
+    figures = probe.device_stats({"allocated_bytes.all.current": 10, "allocated.all.current": 3, "num_ooms": 1,
+                                  "reserved_bytes.all.current": True})
+    assert figures["allocated"] == 10 and figures["allocations"] == 3 and figures["num_ooms"] == 1
+    assert figures["reserved"] is None and figures["num_alloc_retries"] is None
+    assert all(v is None for v in probe.device_stats(None).values())
+
+
+# -- memray in process ------------------------------------------------------------------------------
+
+
+def test_memray_track_names_what_stays_and_leaves_out_the_probe(spawn_python):
+    child = probed(spawn_python, LEAKING)
+    with connect(child.pid) as client:
+        reply = client.memray_track(1.0)
+    assert 0.9 < reply["seconds"] < 5 and reply["bytes"] > 1_000_000
+    top = reply["records"][0]
+    assert top["frames"][0][0] == "keep_request_buffers" and top["size"] >= 20 * 200_000
+    assert not any(f[1].endswith("probe.py") for r in reply["records"] for f in r["frames"])
+
+
+def test_memray_track_stops_when_the_client_hangs_up(spawn_python):
+    child = probed(spawn_python, LEAKING)
+    client = connect(child.pid)
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    started = time.monotonic()
+    with pytest.raises(ProbeError, match="cancelled"):
+        client.memray_track(60, cancelled=cancel.is_set)
+    assert time.monotonic() - started < 5
+    with connect(child.pid) as again:  # the capture ended: a new one may start at once
+        wait_until(lambda: _tracks(again), timeout=10, what="the cancelled capture to end")
+
+
+def _tracks(client):
+    try:
+        return client.memray_track(0.2) is not None
+    except ProbeError as exc:
+        assert "already running" in str(exc)
+        return False
+
+
+def test_memray_missing_in_the_service_is_said_plainly(spawn_python):
+    child = probed(spawn_python, setup="sys.modules['memray'] = None  # as if not installed")
+    with connect(child.pid) as client:
+        with pytest.raises(ProbeError, match="install memray \\(or gpuscope\\) into the service's environment"):
+            client.memray_track(1)
+        assert client.hello()["pid"] == child.pid
+    assert psutil.Process(child.pid).is_running()
