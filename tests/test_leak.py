@@ -233,6 +233,16 @@ def test_nan_gaps_are_tolerated():
     assert a.start_bytes == valid[0] and a.end_bytes == valid[-1]
 
 
+def test_wall_clock_times_work_as_well_as_small_ones():
+    times, values = series(1800, lambda t: 1 * MB * max(0.0, t - 600), seed=40)
+    here = assess(times, values)
+    epoch = 1.7e9
+    there = assess([t + epoch for t in times], values)
+    assert (there.verdict, there.pattern, there.reason) == (here.verdict, here.pattern, here.reason)
+    assert there.since == pytest.approx(here.since + epoch)
+    assert there.growth_bytes_per_s == pytest.approx(here.growth_bytes_per_s, rel=1e-6)
+
+
 def test_time_to_full_from_a_device_total():
     times, values = series(600, lambda t: 10 * MB * t, seed=25, base=40 * GB, noise=2 * MB)
     a = check(assess(times, values, total_bytes=80 * GB))
@@ -400,9 +410,38 @@ def test_watch_alerts_for_the_leaking_series_only():
     assert watch.assessment(("pid", 101)).verdict == "no-leak"
 
 
-def test_watch_slow_sawtooth_alerts_only_until_it_has_fallen_back_twice():
+def test_watch_confirms_a_young_leak_before_raising_it():
+    """A burst on top of a rise of the noise looks like a fast ramp for a second or two (assess()
+    at that instant calls it a leak); the watch raises a young leak only once it keeps being one."""
+    rng = random.Random(38)
+    times, values = [], []
+    for i in range(300):
+        v = 10 * GB + rng.gauss(0, 3 * MB)
+        if 200 <= i < 206:
+            v += (i - 200) * 12 * MB  # the noise happens to rise 60 MB over 6 s ...
+        if 206 <= i < 211:
+            v += 112 * MB  # ... then a 5 s burst on top
+        times.append(float(i))
+        values.append(v)
+    assert any(assess(times[:i], values[:i]).verdict == "leak" for i in range(205, 212))
+    watch = LeakWatch()
+    for t, v in zip(times, values):
+        watch.add("s", t, v)
+        assert watch.update() == [], watch.assessment("s").reason
+
+    watch = LeakWatch()
+    raised = None
+    for t, v in zip(*series(300, lambda t: 50 * MB * max(0.0, t - 120), seed=39)):
+        watch.add("s", t, v)
+        if watch.update() and raised is None:
+            raised = t
+    assert raised is not None and 120 + 10 <= raised <= 120 + 15  # 10 s of growth, then 3 s to confirm
+
+
+def test_watch_slow_sawtooth_alerts_only_until_it_has_fallen_back_three_times():
     """A buffer filled over 30 s is, while it fills, a fast leak by the rule (5 MB/s for 10 s);
-    once the series has twice fallen back to its floor, fill phases are known for what they are."""
+    once the series has fallen back to its floor three times (two whole cycles), fill phases are
+    known for what they are."""
     watch = LeakWatch()
     times, values = series(1800, sawtooth(30, 400 * MB), seed=37, noise=2 * MB)
     alerted = []
@@ -410,7 +449,7 @@ def test_watch_slow_sawtooth_alerts_only_until_it_has_fallen_back_twice():
         watch.add("s", t, v)
         if watch.update():
             alerted.append(t)
-    assert alerted and max(alerted) < 90
+    assert alerted and max(alerted) < 3 * 30 + 10  # the third fall is at 90 s
     assert watch.assessment("s").pattern == "sawtooth"
 
 

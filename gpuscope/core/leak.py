@@ -21,14 +21,18 @@ When is growth a leak? The floor slope must reach the alert rate for the time it
 `LeakThresholds.alert_rate(duration)`: 5 MB/s sustained for 10 s (a fast leak), 1 GB over 2 h
 (~0.14 MB/s, a slow leak), and in between and beyond on the straight line through those two
 points in log-log space (rate ~ duration^-0.545: the longer the growth lasts, the lower the rate
-that counts, down to `min_rate`) - and the confidence must reach `min_confidence`. The confidence
-rises with the evidence: the agreement of the slope's sign across the floors (Kendall's tau of
-the floors, i.e. Mann-Kendall's S over the number of pairs), the number of floors and the time
-span. Growth below the alert rate is reported as "inconclusive", with its rate and confidence.
+that counts, down to `min_rate`). And the growth must be real: a confidence of `min_confidence`
+or more (it rises with the evidence: the agreement of the slope's sign across the floors -
+Kendall's tau, i.e. Mann-Kendall's S over the number of pairs - the number of floors and the
+time span); a slope `min_z` standard errors clear of the series' own sample noise; the same
+without the newest floor (a burst that just began is not a leak); and no single floor-to-floor
+jump carrying most of the rise (bursts back to back are not a ramp). Growth that falls short is
+"inconclusive", with its rate, its confidence and what it lacks.
 
 Samples are summarised as they arrive into a bounded, multi-resolution sketch (`FloorSketch`):
-fine buckets for the last minute, coarser ones further back, each keeping its minimum, maximum
-and what the sawtooth test needs. A series is judged over several horizons (10 s, 40 s, 160 s,
+fine buckets for the last minute, coarser ones further back, each keeping its minimum (and when),
+its maximum, its sum and its largest fall. (`growth.floor_points` slices raw samples afresh on
+every call; the sketch keeps the same windowed minima incrementally, in bounded memory.) A series is judged over several horizons (10 s, 40 s, 160 s,
 ... and the whole window) so that a leak that started a minute ago is seen in a long, quiet
 history; a short horizon's "leak" is ignored when a longer one sees a sawtooth (its fill phase).
 `assess()` does this once over given samples; `LeakWatch` keeps one sketch per series and
@@ -579,15 +583,29 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
                     f"need {th.min_samples} over {_duration(th.min_span_s)}")
     # A sawtooth (batch buffers filled and freed): memory falls back by a big step again and again
     # - steps that noise does not make: 8 sample sigmas, and at least `sawtooth_min_swing` - and
-    # sits well above where those falls land much of the time (on average by at least a fifth of a
-    # typical fall). Occasional bursts fall back too, but are rarely up.
+    # between two falls it sits well above where they landed: in the median cycle, on average by
+    # at least 0.3 of a typical fall (a filled-then-freed buffer: about half) and by more than noise
+    # puts a mean above a minimum (4 sigmas). A cycle is measured from the middle of the two landings that bracket it, so a floor
+    # that rises does not count as lift. Occasional bursts fall back too, but between them memory
+    # is rarely up. It takes three falls (two cycles), spread over a third of the horizon at least.
     big = max(th.sawtooth_min_swing, 8 * noise)
     falls = [b for b in buckets if b.max_drop >= big]
     swing = 0.0
-    if len(falls) >= 2:
+    if len(falls) >= 3 and falls[-1].t_last - falls[0].t_first >= span / 3:
+        lifts = []
+        cycle_n = cycle_sum = 0.0
+        landed = None
+        for b in buckets:
+            if landed is not None:
+                cycle_n += b.n
+                cycle_sum += b.s1
+            if b.max_drop >= big:
+                if landed is not None:
+                    lifts.append(ref_value + cycle_sum / cycle_n - (landed + b.v_min) / 2)
+                landed = b.v_min
+                cycle_n = cycle_sum = 0.0
         typical = _median([b.max_drop for b in falls])
-        landed = _median([b.v_min for b in falls])
-        if ref_value + sum(b.s1 for b in buckets) / n - landed >= 0.2 * typical:
+        if _median(lifts) >= max(0.3 * typical, 4 * noise):
             swing = typical
     swinging = swing > 0
     count = max(th.min_floors, min(th.max_floors, n // th.samples_per_floor))
@@ -756,7 +774,8 @@ def _step_time(buckets: Sequence[_Bucket], after: float, mid: float, up: bool) -
 def _combine(views: Sequence[_View]) -> _View:
     """One judgement from the horizons (shortest first, the whole series last).
 
-    A short horizon is not heard when a longer one sees a sawtooth (it saw a fill phase). Then:
+    A short horizon is not heard when a longer one sees a sawtooth (it saw a fill phase, or a
+    burst on one; a leak in a sawtoothing process shows in the longer horizon's floors). Then:
     the leak that has lasted longest (its start and rate are the best measured); with no leak,
     the whole series' view - unless that saw no change and a shorter horizon did (a step or
     growth too recent to show in the long view's floors), then the longest such horizon.
@@ -893,7 +912,7 @@ class LeakAlert:
 
 class _Watched:
     __slots__ = ("sketch", "allocated", "reserved", "total", "fresh", "assessed_at", "views", "assessment",
-                 "raised_at", "phase")
+                 "raised_at", "phase", "pending")
 
     def __init__(self, sketch: FloorSketch, phase: float) -> None:
         self.sketch = sketch
@@ -906,6 +925,8 @@ class _Watched:
         self.views: dict[tuple[str, int], tuple[float, _View]] = {}  # (series, horizon) -> (time, view)
         self.assessment: LeakAssessment | None = None
         self.raised_at: float | None = None
+        # A young leak awaiting confirmation: (first, latest) time it was called a leak.
+        self.pending: tuple[float, float] | None = None
 
 
 @dataclass
@@ -920,9 +941,16 @@ class LeakWatch:
     over its samples.
     Memory is bounded: each series is a `FloorSketch` over `window_s`; at most `max_series`
     series are kept (the least recently fed go first), and a series silent for `window_s`
-    is dropped. An alert, once raised, is held while later readings are "inconclusive" (the rate
-    dipping under the alert rate, a jump too recent to judge) and clears on "no-leak". Not
-    thread-safe: feed and update from one thread.
+    is dropped.
+
+    Alerts: a leak whose growth has lasted under three times the fast rule's duration (30 s) is
+    raised once it has been called a leak over `confirm_s` seconds of data, with no gap longer
+    than that between the calls (until then its verdict reads "inconclusive", confirming): a
+    burst that happens to follow a rise of the noise looks like a ramp for a second or two, a
+    leak keeps looking like one. An alert, once raised,
+    is held while later readings are "inconclusive" (the rate dipping under the alert rate, a
+    jump too recent to judge) and clears on "no-leak". Not thread-safe: feed and update from one
+    thread.
     """
 
     thresholds: LeakThresholds = LeakThresholds()
@@ -930,6 +958,7 @@ class LeakWatch:
     bucket_s: float = 1.0
     min_interval_s: float = 1.0
     refresh_fraction: float = 0.05
+    confirm_s: float = 3.0
     max_series: int = 256
     _series: dict[Hashable, _Watched] = field(default_factory=dict, init=False, repr=False, compare=False)
     _born: int = field(default=0, init=False, repr=False, compare=False)
@@ -1000,7 +1029,15 @@ class LeakWatch:
             s.assessed_at = now
             previous = s.assessment
             a = self._assess(s, now)
-            if previous is not None and previous.verdict == "leak" and a.verdict == "inconclusive":
+            raised = previous is not None and previous.verdict == "leak"
+            if s.pending is not None and (a.verdict == "no-leak" or now - s.pending[1] > self.confirm_s):
+                s.pending = None  # not called a leak again soon enough: start over
+            if a.verdict == "leak" and not raised:
+                s.pending = (s.pending[0] if s.pending is not None else now, now)
+                young = a.since is not None and now - a.since < 3 * self.thresholds.fast_duration_s
+                if young and now - s.pending[0] < self.confirm_s:
+                    a = replace(a, verdict="inconclusive", reason=f"{a.reason}; confirming")
+            if raised and a.verdict == "inconclusive":
                 # Hysteresis: a raised alert is held while the readings are inconclusive (the rate
                 # dipping under the alert rate, a jump too recent to judge), rather than flickering;
                 # it clears on "no-leak". Held, it keeps its figures and says what is read now.
