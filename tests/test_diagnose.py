@@ -1,0 +1,180 @@
+"""The diagnosis against real programs, diagnosed the way a user would: started with
+`gpuscope run` (so each has gpuscope's probe), then `gpuscope diagnose` while it runs.
+
+Several programs are diagnosed at once (each diagnosis is a separate watcher), so the file costs
+about two diagnosis windows, not eight.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from gpuscope.core.diagnosis import diagnose
+from gpuscope.core.investigation import investigate
+
+from helpers import gpuscope_cmd, wait_until
+
+WINDOW_S = 14.0
+
+PROGRAMS = {
+    # name: (code, expected verdict, expected pattern, leaking function or None)
+    "steady": ("""
+        import time
+        kept = []
+        def leak():
+            kept.append(bytearray(800_000))
+        def work():
+            return sum(i * i for i in range(3000))
+        print("ready", flush=True)
+        while len(kept) < 1500:
+            leak(); work(); time.sleep(0.1)
+        time.sleep(600)
+    """, "leak", "steady-growth", "leak"),
+    "in a thread": ("""
+        import threading, time
+        kept = []
+        def hoard():
+            while len(kept) < 1500:
+                kept.append(b"x" * 800_000); time.sleep(0.1)  # touched: resident, unlike bytes(n)
+        threading.Thread(target=hoard, name="hoarder", daemon=True).start()
+        print("ready", flush=True)
+        while True:
+            sum(range(20000)); time.sleep(0.01)
+    """, "leak", "steady-growth", "hoard"),
+    "in an asyncio task": ("""
+        import asyncio
+        kept = []
+        async def remember():
+            while len(kept) < 1500:
+                kept.append(bytearray(800_000)); await asyncio.sleep(0.1)
+        async def main():
+            print("ready", flush=True)
+            await asyncio.gather(remember(), asyncio.sleep(600))
+        asyncio.run(main())
+    """, "leak", "steady-growth", "remember"),
+    "through a cache": ("""
+        import time
+        class Index:
+            def __init__(self):
+                self.cache = {}
+            def lookup(self, key):
+                if key not in self.cache:
+                    self.cache[key] = [bytearray(8_000) for _ in range(100)]
+                return self.cache[key]
+        index = Index()
+        print("ready", flush=True)
+        for i in range(1500):
+            index.lookup(f"q{i}"); time.sleep(0.1)
+        time.sleep(600)
+    """, "leak", "steady-growth", "lookup"),
+    "plateau after warm-up": ("""
+        import time
+        model = [bytearray(1_000_000) for _ in range(300)]   # a model load, then steady serving
+        print("ready", flush=True)
+        while True:
+            scratch = bytearray(2_000_000); del scratch; time.sleep(0.05)
+    """, "no-leak", None, None),
+    "sawtooth": ("""
+        import time
+        print("ready", flush=True)
+        while True:                      # fill a 75 MB batch over 3 s, free it, again
+            batch = []
+            for _ in range(15):
+                batch.append(bytearray(5_000_000)); time.sleep(0.2)
+            del batch
+            time.sleep(0.5)
+    """, "no-leak", "sawtooth", None),
+    "flat": ("""
+        import time
+        data = bytearray(50_000_000)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.1)
+    """, "no-leak", "flat", None),
+    # Half the fast alert rate: a window this short cannot call it a leak yet, but it says it grows.
+    "slower than the alert rate": ("""
+        import time
+        kept = []
+        def trickle():
+            kept.append(bytearray(250_000))
+        print("ready", flush=True)
+        while len(kept) < 3000:
+            trickle(); time.sleep(0.1)
+        time.sleep(600)
+    """, "inconclusive", "steady-growth", "trickle"),
+}
+
+
+def start(tmp_path, name: str, code: str) -> subprocess.Popen:
+    script = tmp_path / (name.replace(" ", "_") + ".py")
+    script.write_text(textwrap.dedent(code))
+    proc = subprocess.Popen(gpuscope_cmd() + ["run", "--", sys.executable, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def diagnoses(tmp_path_factory):
+    """Every program diagnosed once, four at a time."""
+    tmp = tmp_path_factory.mktemp("programs")
+    results = {}
+    names = list(PROGRAMS)
+    for batch in (names[:4], names[4:]):
+        procs = {name: start(tmp, name, PROGRAMS[name][0]) for name in batch}
+        threads = [
+            threading.Thread(target=lambda n=name, p=proc: results.__setitem__(n, diagnose(investigate(p.pid, WINDOW_S))))
+            for name, proc in procs.items()
+        ]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+        finally:
+            for proc in procs.values():
+                proc.kill()
+                proc.wait()
+    return results
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_verdict_pattern_and_first_suspect(diagnoses, name):
+    _, verdict, pattern, leaker = PROGRAMS[name]
+    d = diagnoses[name]
+    assert d.verdict == verdict, d.to_text()
+    if pattern is not None:
+        assert d.pattern == pattern, d.to_text()
+    assert [s.number for s in d.steps] == [1, 2, 3, 4, 5, 6, 7]
+    if leaker is not None:
+        assert d.suspects and d.suspects[0].function == leaker, d.to_text()
+        assert d.suspects[0].method == "memray"  # through the probe gpuscope run started
+    assert d.steps[2].status == "skipped" and "no metrics source" in d.steps[2].finding
+
+
+def test_the_command_as_a_user_runs_it(tmp_path):
+    code, *_ = PROGRAMS["steady"]
+    proc = start(tmp_path, "steady", code)
+    try:
+        out = subprocess.run(gpuscope_cmd() + ["diagnose", "--pid", str(proc.pid), "--duration", "12", "--json",
+                                               "-o", str(tmp_path / "report.json")],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["schema"] == "gpuscope.diagnosis/1" and report["verdict"] == "leak"
+    assert report["suspects"][0]["function"] == "leak" and report["suspects"][0]["method"] == "memray"
+    assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_process_that_is_gone_is_one_line(spawn_python):
+    child = spawn_python("print('ready', flush=True)")
+    wait_until(lambda: child.poll() is not None, what="the child to exit")
+    out = subprocess.run(gpuscope_cmd() + ["diagnose", "--pid", str(child.pid)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.strip().startswith("gpuscope: no process with PID")
