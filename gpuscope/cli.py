@@ -64,9 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
     parser.add_argument("--pid", type=_pid, help="attach to this process: the console focuses on it")
     parser.add_argument(
-        "--refresh", type=_seconds(0.25), default=1.0, metavar="SECONDS", help="seconds between samples (default 1)"
+        "--refresh", type=_seconds(0.25), metavar="SECONDS", help="seconds between samples (default 1, or the config file's)"
     )
-    parser.add_argument("--theme", metavar="NAME", help="colour theme (default gpuscope-dark)")
+    parser.add_argument("--theme", metavar="NAME", help="colour theme (default: the last one chosen, else gpuscope-dark)")
+    parser.add_argument("--config", metavar="FILE", help="settings file (default $GPUSCOPE_CONFIG, else ~/.config/gpuscope/config.toml)")
     service = parser.add_mutually_exclusive_group()
     service.add_argument("--metrics-url", action="append", metavar="URL", help="the service's /metrics (repeatable)")
     service.add_argument("--prometheus", metavar="URL", help="a Prometheus server that scrapes the service")
@@ -148,6 +149,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--memray", action="store_true",
                      help="with --inject: start the probe even if torch is not imported (for memray tracking)")
     run.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the program and its arguments")
+
+    config = sub.add_parser(
+        "config",
+        help="the effective settings and where each comes from",
+        description=(
+            "Print every setting's effective value and where it came from: a flag (given before 'config', "
+            "e.g. gpuscope --refresh 2 config), the environment, the config file or the default."
+        ),
+    )
+    config.add_argument("--json", action="store_true", help="a JSON object, for scripts")
     return parser
 
 
@@ -177,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpuscope.commands import run
 
             return run.run(args)
+        if args.command == "config":
+            from gpuscope.commands import config
+
+            return config.run(args)
         if args.command == "demo":
             from gpuscope.demo.run import run_demo
 
@@ -210,12 +225,43 @@ def attach_check(pid: int) -> None:
         ) from None
 
 
-def theme_check(name: str) -> None:
+def theme_check(name: str, where: str = "") -> None:
     from gpuscope.theme_files import load_themes
 
     themes, _ = load_themes()
     if name not in themes:
-        raise UsageError(f"unknown theme {name!r}; available: {', '.join(sorted(themes))}")
+        raise UsageError(f"unknown theme {name!r}{where}; available: {', '.join(sorted(themes))}")
+
+
+def settings(args: argparse.Namespace):
+    """(the config file, every effective setting): flags, then the environment, the file, the defaults."""
+    from pathlib import Path
+
+    from gpuscope.config import ConfigError, load_config, resolve
+
+    given = getattr(args, "config", None)
+    flags = {
+        "console.refresh_s": getattr(args, "refresh", None),
+        "console.theme": getattr(args, "theme", None),
+        "service.metrics_url": getattr(args, "metrics_url", None),
+        "prometheus.url": getattr(args, "prometheus", None),
+        "prometheus.job": getattr(args, "job", None),
+        "prometheus.instance": getattr(args, "instance", None),
+    }
+    try:
+        config = load_config(Path(given).expanduser() if given else None)
+        return config, resolve(config, os.environ, flags)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def console_settings(args: argparse.Namespace):
+    """(refresh seconds, theme name, leak thresholds) for a console, the theme checked."""
+    config, effective = settings(args)
+    theme = effective["console.theme"]
+    if theme.origin in ("file", "environment"):  # a flag was checked already; a remembered one may be gone
+        theme_check(theme.value, f" (console.theme from {theme.detail})")
+    return effective["console.refresh_s"].value, theme.value, config.alerts.thresholds()
 
 
 def terminal_check() -> None:
@@ -234,26 +280,36 @@ CONSOLE_WINDOW_S = 30.0  # the serving signals' rate and quantile window in the 
 
 def serving_source(args: argparse.Namespace, metrics_urls: list[str] | None = None):
     """The console's serving-metrics source from --metrics-url / --prometheus, or None."""
-    urls = metrics_urls or args.metrics_url
-    if not urls and not args.prometheus:
-        if args.job or args.instance:
+    config, effective = settings(args)
+    if metrics_urls:
+        urls, prometheus = metrics_urls, None
+    elif args.metrics_url or args.prometheus:  # a source on the command line replaces the file's
+        urls, prometheus = args.metrics_url, args.prometheus
+    else:
+        urls = list(config.service.metrics_url)
+        prometheus = None if urls else config.prometheus.url
+    job, instance = args.job, args.instance
+    if prometheus is not None:
+        job, instance = effective["prometheus.job"].value, effective["prometheus.instance"].value
+    if not urls and not prometheus:
+        if job or instance:
             raise UsageError("--job and --instance go with --prometheus")
         return None, None
-    from gpuscope.config import ConfigError, load_config
+    from gpuscope.config import ConfigError
     from gpuscope.core.serving import ServingSource, make_collector
 
     try:
-        config = load_config()
         collector = make_collector(
-            window_s=CONSOLE_WINDOW_S, metrics_urls=urls, prometheus=None if urls else args.prometheus,
-            job=args.job, instance=args.instance, config=config,
+            window_s=CONSOLE_WINDOW_S, metrics_urls=urls, prometheus=prometheus,
+            job=job, instance=instance, config=config,
         )
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    return ServingSource(collector, interval=args.refresh), config.slo
+    return ServingSource(collector, interval=effective["console.refresh_s"].value), config.slo
 
 
 def cmd_console(args: argparse.Namespace) -> int:
+    refresh, theme, thresholds = console_settings(args)
     if args.pid is not None:
         attach_check(args.pid)
     serving, slo = serving_source(args)
@@ -261,7 +317,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     from gpuscope.core.node import NodeSource
     from gpuscope.tui.app import GpuScopeApp
 
-    source = NodeSource(interval=args.refresh, focus_pid=args.pid)
-    app = GpuScopeApp(source, theme=args.theme, serving=serving, slo=slo)
+    source = NodeSource(interval=refresh, focus_pid=args.pid, thresholds=thresholds)
+    app = GpuScopeApp(source, theme=theme, serving=serving, slo=slo)
     app.run()
     return app.return_code or 0

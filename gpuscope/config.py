@@ -4,11 +4,29 @@ Where: `$GPUSCOPE_CONFIG` if set (then the file must exist), else
 `$XDG_CONFIG_HOME/gpuscope/config.toml`, else `~/.config/gpuscope/config.toml`; no file is the
 same as an empty one.
 
-    [prometheus]                      # defaults for --prometheus; the environment wins:
+    [console]                         # the live console
+    refresh_s = 1.0                   # seconds between samples (--refresh, GPUSCOPE_REFRESH)
+    theme = "gpuscope-dark"           # --theme, GPUSCOPE_THEME; else the last one chosen with t
+                                      # in the console (kept in the XDG state directory)
+
+    [service]                         # the service panel's source when no flag names one
+    metrics_url = ["http://127.0.0.1:8000/metrics"]   # --metrics-url; or [prometheus] url
+
+    [prometheus]                      # --prometheus and its defaults; the environment wins:
     url = "http://prometheus:9090"    #   GPUSCOPE_PROMETHEUS_TOKEN (bearer), or
     token = "..."                     #   GPUSCOPE_PROMETHEUS_USER + GPUSCOPE_PROMETHEUS_PASSWORD
     user = "..."                      #   (basic auth)
     password = "..."
+    job = "vllm"                      # --job, --instance
+    instance = "10.0.0.7:8000"
+
+    [alerts]                          # when growing memory is called a leak (core.leak.LeakThresholds)
+    fast_rate = 5e6                   # bytes/s sustained ...
+    fast_duration_s = 10              # ... this long: a fast leak
+    slow_bytes = 1e9                  # this much growth ...
+    slow_window_s = 7200              # ... over this long: a slow leak
+    min_rate = 1e4                    # bytes/s: slower growth is never a leak
+    min_confidence = 0.5              # a leak needs at least this confidence
 
     [profiles.vllm]                   # override any metric of a built-in profile ...
     ttft = "my_ttft_seconds"
@@ -23,7 +41,8 @@ same as an empty one.
 A bad file is one `ConfigError` line naming the file, the line when it is known, and the key.
 Sections are checked here; what a section's keys mean is checked by the module that uses them
 (profiles by gpuscope.core.profiles), through `Config.error()` so every message looks the same.
-New settings: add their section to `SECTIONS` and a reader for it.
+New settings: add their section to `SECTIONS` and a reader for it. `resolve()` joins the file
+with the environment and the command line's flags and says where each value came from.
 
 No UI imports; secrets are never part of a repr or a message.
 """
@@ -34,7 +53,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +62,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from gpuscope import theme_files
+from gpuscope.core.leak import LeakThresholds
+
 ENV_CONFIG = "GPUSCOPE_CONFIG"
-SECTIONS = ("prometheus", "profiles", "slo")
-PROMETHEUS_KEYS = ("url", "token", "user", "password")
+SECTIONS = ("console", "service", "prometheus", "profiles", "slo", "alerts")
+PROMETHEUS_KEYS = ("url", "token", "user", "password", "job", "instance")
+SECRET_KEYS = frozenset({"prometheus.token", "prometheus.password"})
+MIN_REFRESH_S = 0.25
 
 
 class ConfigError(Exception):
@@ -60,11 +84,43 @@ def config_path(env: Mapping[str, str] = os.environ) -> Path:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    refresh_s: float = 1.0
+    theme: str | None = None  # None: the theme last chosen in the console, else the default
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    metrics_url: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class PrometheusConfig:
     url: str | None = None
     token: str | None = field(default=None, repr=False)
     user: str | None = None
     password: str | None = field(default=None, repr=False)
+    job: str | None = None
+    instance: str | None = None
+
+
+# The leak detector's thresholds a user may change; the others are the detector's own business.
+ALERT_KEYS = ("fast_rate", "fast_duration_s", "slow_bytes", "slow_window_s", "min_rate", "min_confidence")
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsConfig:
+    """When the live leak watch raises an alert; defaults are LeakThresholds' own."""
+
+    fast_rate: float = LeakThresholds.fast_rate
+    fast_duration_s: float = LeakThresholds.fast_duration_s
+    slow_bytes: float = LeakThresholds.slow_bytes
+    slow_window_s: float = LeakThresholds.slow_window_s
+    min_rate: float = LeakThresholds.min_rate
+    min_confidence: float = LeakThresholds.min_confidence
+
+    def thresholds(self) -> LeakThresholds:
+        return LeakThresholds(**{key: getattr(self, key) for key in ALERT_KEYS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +137,12 @@ class Config:
 
     path: Path | None = None
     text: str = field(default="", repr=False)
+    console: ConsoleConfig = ConsoleConfig()
+    service: ServiceConfig = ServiceConfig()
     prometheus: PrometheusConfig = PrometheusConfig()
     profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     slo: SloConfig = SloConfig()
+    alerts: AlertsConfig = AlertsConfig()
 
     def error(self, keys: tuple[str, ...], message: str) -> ConfigError:
         """A ConfigError for the value at `keys` (e.g. ("profiles", "vllm", "ttft"))."""
@@ -119,13 +178,13 @@ def find_line(text: str, keys: tuple[str, ...]) -> int | None:
 
 def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -> Config:
     """Read and check the settings file. Raises ConfigError (one line) when it is unusable."""
-    explicit = path is not None or bool(env.get(ENV_CONFIG))
+    given_by = "--config" if path is not None else ENV_CONFIG if env.get(ENV_CONFIG) else None
     path = path or config_path(env)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        if explicit:
-            raise ConfigError(f"{path}: no such configuration file (set by {ENV_CONFIG})") from None
+        if given_by:
+            raise ConfigError(f"{path}: no such configuration file (set by {given_by})") from None
         return Config()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -144,9 +203,12 @@ def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -
     return Config(
         path=path,
         text=text,
+        console=_console(shell, data.get("console", {})),
+        service=_service(shell, data.get("service", {})),
         prometheus=_prometheus(shell, data.get("prometheus", {})),
         profiles=data.get("profiles", {}),
         slo=_slo(shell, data.get("slo", {})),
+        alerts=_alerts(shell, data.get("alerts", {})),
     )
 
 
@@ -171,3 +233,158 @@ def _prometheus(shell: Config, table: Mapping[str, Any]) -> PrometheusConfig:
             raise shell.error(("prometheus", key), "expected a non-empty string")
         values[key] = value
     return PrometheusConfig(**values)
+
+
+def _unknown(shell: Config, section: str, key: str, known: tuple[str, ...]) -> ConfigError:
+    return shell.error((section, key), f"unknown key (known: {', '.join(known)})")
+
+
+def _console(shell: Config, table: Mapping[str, Any]) -> ConsoleConfig:
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key == "refresh_s":
+            values[key] = check_refresh(value, lambda message: shell.error(("console", key), message))
+        elif key == "theme":
+            if not isinstance(value, str) or not value:
+                raise shell.error(("console", key), "expected a theme name, e.g. \"gpuscope-light\"")
+            values[key] = value
+        else:
+            raise _unknown(shell, "console", key, ConsoleConfig.__slots__)
+    return ConsoleConfig(**values)
+
+
+def check_refresh(value: object, error) -> float:
+    """A refresh interval in seconds, or `error(message)` raised."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise error(f"expected a number of seconds, not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_REFRESH_S <= value < float("inf"):
+        raise error(f"expected a number of seconds, at least {MIN_REFRESH_S:g}")
+    return float(value)
+
+
+def _service(shell: Config, table: Mapping[str, Any]) -> ServiceConfig:
+    for key, value in table.items():
+        if key != "metrics_url":
+            raise _unknown(shell, "service", key, ServiceConfig.__slots__)
+        urls = [value] if isinstance(value, str) else value
+        if not isinstance(urls, list) or not urls or not all(isinstance(u, str) and u for u in urls):
+            raise shell.error(("service", key), 'expected a URL or a list of URLs, e.g. ["http://127.0.0.1:8000/metrics"]')
+        return ServiceConfig(metrics_url=tuple(urls))
+    return ServiceConfig()
+
+
+def _alerts(shell: Config, table: Mapping[str, Any]) -> AlertsConfig:
+    values: dict[str, float] = {}
+    for key, value in table.items():
+        if key not in ALERT_KEYS:
+            raise _unknown(shell, "alerts", key, ALERT_KEYS)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise shell.error(("alerts", key), "expected a positive number")
+        if key == "min_confidence" and value > 1:
+            raise shell.error(("alerts", key), "expected a number from 0 to 1")
+        values[key] = float(value)
+    alerts = AlertsConfig(**values)
+    try:
+        alerts.thresholds()
+    except ValueError as exc:
+        raise shell.error(("alerts", next(iter(table))), str(exc)) from None
+    return alerts
+
+
+# -- the effective settings: file, environment and flags together -------------------------------
+
+# Settings the environment can set, and how its text becomes a value (None: taken as it is).
+ENV_SETTINGS = {
+    "console.refresh_s": "GPUSCOPE_REFRESH",
+    "console.theme": "GPUSCOPE_THEME",
+    "prometheus.token": "GPUSCOPE_PROMETHEUS_TOKEN",
+    "prometheus.user": "GPUSCOPE_PROMETHEUS_USER",
+    "prometheus.password": "GPUSCOPE_PROMETHEUS_PASSWORD",
+}
+# Settings a flag of the console sets: the flag's name.
+FLAG_SETTINGS = {
+    "console.refresh_s": "--refresh",
+    "console.theme": "--theme",
+    "service.metrics_url": "--metrics-url",
+    "prometheus.url": "--prometheus",
+    "prometheus.job": "--job",
+    "prometheus.instance": "--instance",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One effective value and where it came from: "default", "file", "environment" or "flag"."""
+
+    key: str  # "section.name"
+    value: Any
+    origin: str
+    detail: str = ""  # the file and line, the variable or the flag
+
+    @property
+    def shown(self) -> str:
+        """The value as `gpuscope config` prints it (secrets never)."""
+        if self.key in SECRET_KEYS:
+            return "(not set)" if self.value is None else "(set, hidden)"
+        if self.value is None:
+            return "(not set)"
+        if isinstance(self.value, Mapping):  # a [profiles.*] table: which keys it sets
+            return "{" + ", ".join(self.value) + "}"
+        if isinstance(self.value, tuple):
+            return "[" + ", ".join(f'"{v}"' for v in self.value) + "]"
+        if isinstance(self.value, str):
+            return f'"{self.value}"'
+        if isinstance(self.value, bool):
+            return "true" if self.value else "false"
+        return f"{self.value:g}" if isinstance(self.value, float) else str(self.value)
+
+
+def resolve(config: Config, env: Mapping[str, str] = os.environ, flags: Mapping[str, Any] | None = None) -> dict[str, Setting]:
+    """Every setting's effective value: a flag, else the environment, else the file, else the default.
+
+    `flags` maps setting keys (see FLAG_SETTINGS) to the values given on the command line (None:
+    not given). Raises ConfigError for an unusable environment value."""
+    flags = flags or {}
+    written = tomllib.loads(config.text) if config.text else {}
+    settings: dict[str, Setting] = {}
+    for section in fields(config):
+        table = getattr(config, section.name)
+        if not is_dataclass(table):
+            continue
+        for item in fields(table):
+            key = f"{section.name}.{item.name}"
+            value = getattr(table, item.name)
+            if item.name in written.get(section.name, {}):
+                line = find_line(config.text, (section.name, item.name))
+                setting = Setting(key, value, "file", f"{config.path}" + (f", line {line}" if line else ""))
+            else:
+                setting = Setting(key, value, "default")
+            variable = ENV_SETTINGS.get(key)
+            if variable and env.get(variable):
+                setting = Setting(key, _from_env(key, variable, env[variable]), "environment", variable)
+            if flags.get(key) not in (None, [], ()):
+                given = flags[key]
+                setting = Setting(key, tuple(given) if isinstance(given, list) else given, "flag", FLAG_SETTINGS[key])
+            settings[key] = setting
+    theme = settings["console.theme"]
+    if theme.origin == "default":  # no one chose: the theme last picked in the console, else the default
+        remembered = theme_files.remembered(env)
+        settings["console.theme"] = (
+            Setting(theme.key, remembered, "remembered", str(theme_files.remembered_path(env))) if remembered
+            else Setting(theme.key, theme_files.DEFAULT_THEME, "default")
+        )
+    for name in config.profiles:
+        line = find_line(config.text, ("profiles", name))
+        settings[f"profiles.{name}"] = Setting(
+            f"profiles.{name}", config.profiles[name], "file", f"{config.path}" + (f", line {line}" if line else "")
+        )
+    return settings
+
+
+def _from_env(key: str, variable: str, text: str) -> Any:
+    if key == "console.refresh_s":
+        return check_refresh(text, lambda message: ConfigError(f"{variable}: {message}"))
+    return text

@@ -1,13 +1,19 @@
 """Theme files: TOML in the built-in themes/ folder and in the user's config folder.
 
 This module only reads and checks the files (no UI imports), so `--theme` can be validated
-before a console starts; the TUI turns the checked values into Textual themes.
+before a console starts; the TUI turns the checked values into Textual themes. The theme last
+chosen in the console is remembered in the XDG state directory.
+
+A theme file: `name`, `dark` (true/false), `ansi` (true: the colours are the terminal's own
+16-colour palette, `ansi_red`, `ansi_bright_blue`, ..., so the terminal's colour scheme decides
+how they look), the Textual colours (`primary` is required) and [variables] for gpuscope's own.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +25,15 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 DEFAULT_THEME = "gpuscope-dark"
 COLOUR_KEYS = (
-    "primary", "secondary", "accent", "foreground", "background", "surface", "panel", "success", "warning", "error",
+    "primary", "secondary", "accent", "foreground", "background", "surface", "panel", "boost", "success", "warning",
+    "error",
 )
+# The terminal's own palette (what `ansi = true` themes use); any other colour is #RRGGBB.
+ANSI_NAMES = tuple(
+    f"ansi_{bright}{colour}"
+    for bright in ("", "bright_")
+    for colour in ("black", "red", "green", "yellow", "blue", "magenta", "cyan", "white")
+) + ("ansi_default",)
 # App-specific colours every theme gets (a theme file may override them under [variables]).
 VARIABLE_DEFAULTS = {
     "gpuscope-gpu": "#76B900",
@@ -28,7 +41,7 @@ VARIABLE_DEFAULTS = {
     "gpuscope-growth": "#E5C07B",
 }
 _HEX = re.compile(r"^#(?:[0-9a-fA-F]{3}|[0-9a-fA-F]{6}|[0-9a-fA-F]{8})$")
-_NAMED = re.compile(r"^(?:ansi_)?[a-z_]+$")
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class ThemeFileError(Exception):
@@ -39,6 +52,7 @@ class ThemeFileError(Exception):
 class ThemeSpec:
     name: str
     dark: bool
+    ansi: bool
     colours: dict[str, str]
     variables: dict[str, str] = field(default_factory=dict)
     path: Path | None = None
@@ -51,14 +65,35 @@ def builtin_dir() -> Path:
     return packaged if packaged.is_dir() else here.parent / "themes"
 
 
-def user_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+def user_dir(env: Mapping[str, str] = os.environ) -> Path:
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "gpuscope" / "themes"
 
 
+def remembered_path(env: Mapping[str, str] = os.environ) -> Path:
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "gpuscope" / "theme"
+
+
+def remembered(env: Mapping[str, str] = os.environ) -> str | None:
+    """The theme last chosen in the console, if any (a missing or unreadable file: none)."""
+    try:
+        name = remembered_path(env).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if _NAME.fullmatch(name) else None
+
+
+def remember(name: str, env: Mapping[str, str] = os.environ) -> None:
+    """Keep the console's choice for next time. Raises OSError when the state folder is not writable."""
+    path = remembered_path(env)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(name + "\n", encoding="utf-8")
+
+
 def _colour(value: object, where: str) -> str:
-    if not isinstance(value, str) or not (_HEX.match(value) or _NAMED.match(value)):
-        raise ThemeFileError(f"{where}: {value!r} is not a colour (use #RRGGBB or a colour name)")
+    if not isinstance(value, str) or not (_HEX.match(value) or value in ANSI_NAMES):
+        raise ThemeFileError(f"{where}: {value!r} is not a colour (use #RRGGBB, or ansi_red, ansi_bright_blue, ...)")
     return value
 
 
@@ -70,29 +105,31 @@ def load_theme_file(path: Path) -> ThemeSpec:
     except tomllib.TOMLDecodeError as exc:
         raise ThemeFileError(f"{path}: not valid TOML ({exc})") from None
     name = data.pop("name", path.stem)
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ThemeFileError(f"{path}: name must be letters, digits, '-', '_' or '.'")
     dark = data.pop("dark", True)
-    if not isinstance(dark, bool):
-        raise ThemeFileError(f"{path}: dark must be true or false")
+    ansi = data.pop("ansi", False)
+    for key, flag in (("dark", dark), ("ansi", ansi)):
+        if not isinstance(flag, bool):
+            raise ThemeFileError(f"{path}: {key} must be true or false")
     variables = data.pop("variables", {})
     if not isinstance(variables, dict):
         raise ThemeFileError(f"{path}: [variables] must be a table")
     unknown = sorted(set(data) - set(COLOUR_KEYS))
     if unknown:
-        raise ThemeFileError(f"{path}: unknown key {unknown[0]!r} (known: name, dark, {', '.join(COLOUR_KEYS)}, [variables])")
+        raise ThemeFileError(f"{path}: unknown key {unknown[0]!r} (known: name, dark, ansi, {', '.join(COLOUR_KEYS)}, [variables])")
     if "primary" not in data:
         raise ThemeFileError(f"{path}: 'primary' is required")
     colours = {k: _colour(v, f"{path}: {k}") for k, v in data.items()}
     checked = {k: _colour(v, f"{path}: variables.{k}") for k, v in variables.items()}
-    return ThemeSpec(name=name, dark=dark, colours=colours, variables={**VARIABLE_DEFAULTS, **checked}, path=path)
+    return ThemeSpec(name=name, dark=dark, ansi=ansi, colours=colours, variables={**VARIABLE_DEFAULTS, **checked}, path=path)
 
 
-def load_themes() -> tuple[dict[str, ThemeSpec], list[str]]:
+def load_themes(env: Mapping[str, str] = os.environ) -> tuple[dict[str, ThemeSpec], list[str]]:
     """All themes (user files override built-ins of the same name) and one line per broken file."""
     themes: dict[str, ThemeSpec] = {}
     problems: list[str] = []
-    for folder in (builtin_dir(), user_dir()):
+    for folder in (builtin_dir(), user_dir(env)):
         if not folder.is_dir():
             continue
         for path in sorted(folder.glob("*.toml")):

@@ -38,7 +38,9 @@ def test_bad_option_values_are_one_line():
     assert "PID must be" in one_line_error(run("--pid", "abc"), 2)
     assert "at least 0.25" in one_line_error(run("--refresh", "0.01"), 2)
     assert "invalid choice" in one_line_error(run("frobnicate"), 2)
-    assert "available: gpuscope-dark, gpuscope-light" in one_line_error(run("--theme", "neon"), 2)
+    assert "available: gpuscope-ansi, gpuscope-dark, gpuscope-high-contrast, gpuscope-light" in one_line_error(
+        run("--theme", "neon"), 2
+    )
     assert "go with --prometheus" in one_line_error(run("--job", "vllm"), 2)
     assert "not allowed with argument" in one_line_error(run("--metrics-url", "http://x", "--prometheus", "http://y"), 2)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from gpuscope.core.growth import floor_growth
 from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess, is_python
 from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series
-from gpuscope.core.leak import LeakAlert, LeakWatch
+from gpuscope.core.leak import LeakAlert, LeakThresholds, LeakWatch
 from gpuscope.core.model import (
     Alert,
     Frame,
@@ -95,6 +95,7 @@ class NodeSource:
         store: SeriesStore | None = None,
         clock: Callable[[], float] = time.time,
         read_timeout: float | None = None,
+        thresholds: LeakThresholds = LeakThresholds(),
     ) -> None:
         self.interval = interval
         self._nvml = nvml or NvmlCollector()
@@ -109,7 +110,7 @@ class NodeSource:
         self._host_error: str | None = None
         self._last: HostSnapshot | None = None
         self._emit_lock = threading.Lock()
-        self._watch = LeakWatch()  # fed and updated on the host poller's thread only
+        self._watch = LeakWatch(thresholds=thresholds)  # fed and updated on the host poller's thread only
         self._alerts: tuple[Alert, ...] = ()
         self._hostname = socket.gethostname()
         self._container = in_container()

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from typing import Any
 
-from gpuscope.cli import serving_source, terminal_check
+from gpuscope.cli import console_settings, serving_source, terminal_check
 from gpuscope.errors import Failure, UsageError
 from gpuscope.demo.lifecycle import child_env
 
@@ -232,11 +232,12 @@ def _console(demo: Demo, args: argparse.Namespace) -> int:
     from gpuscope.tui.app import GpuScopeApp
 
     assert demo.service is not None
-    source = NodeSource(interval=getattr(args, "refresh", None) or 1.0, focus_pid=demo.service.pid)
+    refresh, theme, thresholds = console_settings(args)
+    source = NodeSource(interval=refresh, focus_pid=demo.service.pid, thresholds=thresholds)
     serving, slo = serving_source(args, [f"{demo.url}/metrics"])
     # The console ends itself cleanly on SIGTERM / SIGHUP; run_demo's finally then stops the
     # children. If the terminal is lost and that exit cannot finish, the app runs demo.stop itself.
-    app = GpuScopeApp(source, theme=getattr(args, "theme", None), serving=serving, slo=slo)
+    app = GpuScopeApp(source, theme=theme, serving=serving, slo=slo)
     app.add_cleanup(demo.stop)
     app.run()
     return app.return_code or 0
