@@ -38,6 +38,11 @@ same as an empty one.
     ttft_p95_s = 0.8
     e2e_latency_p95_s = 4.0
 
+    [journal]                         # every console session records to the state directory
+    enabled = true                    #   (--no-journal turns it off for one run)
+    keep_days = 7                     # older session files are deleted ...
+    max_mb = 512                      # ... and the oldest go first past this total
+
 A bad file is one `ConfigError` line naming the file, the line when it is known, and the key.
 Sections are checked here; what a section's keys mean is checked by the module that uses them
 (profiles by gpuscope.core.profiles), through `Config.error()` so every message looks the same.
@@ -66,7 +71,7 @@ from gpuscope import theme_files
 from gpuscope.core.leak import LeakThresholds
 
 ENV_CONFIG = "GPUSCOPE_CONFIG"
-SECTIONS = ("console", "service", "prometheus", "profiles", "slo", "alerts")
+SECTIONS = ("console", "service", "prometheus", "profiles", "slo", "alerts", "journal")
 PROMETHEUS_KEYS = ("url", "token", "user", "password", "job", "instance")
 SECRET_KEYS = frozenset({"prometheus.token", "prometheus.password"})
 MIN_REFRESH_S = 0.25
@@ -131,6 +136,15 @@ class SloConfig:
     e2e_latency_p95_s: float = 4.0
 
 
+@dataclass(frozen=True, slots=True)
+class JournalConfig:
+    """Session recording: on by default, bounded by age and by the total size of the files."""
+
+    enabled: bool = True
+    keep_days: float = 7.0
+    max_mb: float = 512.0
+
+
 @dataclass(frozen=True)
 class Config:
     """The parsed file. `profiles` is the raw `[profiles.*]` tables (validated by profiles.py)."""
@@ -143,6 +157,7 @@ class Config:
     profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     slo: SloConfig = SloConfig()
     alerts: AlertsConfig = AlertsConfig()
+    journal: JournalConfig = JournalConfig()
 
     def error(self, keys: tuple[str, ...], message: str) -> ConfigError:
         """A ConfigError for the value at `keys` (e.g. ("profiles", "vllm", "ttft"))."""
@@ -209,7 +224,23 @@ def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -
         profiles=data.get("profiles", {}),
         slo=_slo(shell, data.get("slo", {})),
         alerts=_alerts(shell, data.get("alerts", {})),
+        journal=_journal(shell, data.get("journal", {})),
     )
+
+
+def _journal(shell: Config, table: Mapping[str, Any]) -> JournalConfig:
+    known = JournalConfig.__slots__
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise shell.error(("journal", key), f"unknown key (known: {', '.join(known)})")
+        if key == "enabled":
+            if not isinstance(value, bool):
+                raise shell.error(("journal", key), "expected true or false")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise shell.error(("journal", key), "expected a positive number")
+        values[key] = value if key == "enabled" else float(value)
+    return JournalConfig(**values)
 
 
 def _slo(shell: Config, table: Mapping[str, Any]) -> SloConfig:

@@ -34,11 +34,18 @@ while True:
 """
 
 
+def default_signals() -> None:
+    # A shell that runs the tests in the background (nohup, `&`) hands its children SIGINT and
+    # SIGHUP ignored, and an exec keeps that: start from the defaults a terminal would give.
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def launch(tmp_path, *args, env=None):
     script = tmp_path / "serve.py"
     script.write_text(CHILD)
     return subprocess.Popen([*gpuscope_cmd(), "run", "--", PY, str(script), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_signals)
 
 
 def first_line(proc) -> dict:
