@@ -6,7 +6,7 @@ is injected.
 
 import threading
 
-from gpuscope.core.poller import Poller
+from gpuscope.core.poller import Poller, pace
 
 from helpers import wait_until
 
@@ -88,3 +88,52 @@ def test_an_exception_in_a_read_becomes_an_error_value():
         wait_until(lambda: len(readings) == 2, what="a second reading")
     finally:
         poller.stop()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_pace_backs_off_while_a_source_is_slow_and_recovers():
+    clock, readings = Clock(), []
+    took = {"s": 3.0}
+
+    def read():
+        clock.now += took["s"]  # the read "takes" this long on the injected clock
+        return "ok"
+
+    slow = Poller("slow", read, readings.append, timeout=60, clock=clock)
+    fast = Poller("fast", lambda: "ok", readings.append, timeout=60, clock=clock)
+    assert pace(1.0, [slow, fast]) == 1.0  # nothing read yet: the configured interval
+    for p in (slow, fast):
+        p.start()
+        p.request()
+    wait_until(lambda: len(readings) == 2, what="both reads")
+    assert pace(1.0, [slow, fast]) == 6.0  # twice what the slow read took
+    took["s"] = 30.0
+    slow.request()
+    wait_until(lambda: len(readings) == 3, what="the slower read")
+    assert pace(1.0, [slow, fast]) == 8.0  # never slower than 8x the interval
+    took["s"] = 0.1
+    slow.request()
+    wait_until(lambda: len(readings) == 4, what="a fast read again")
+    assert pace(1.0, [slow, fast]) == 1.0
+    for p in (slow, fast):
+        p.stop()
+
+
+def test_pace_counts_a_read_still_in_flight():
+    clock, gate, readings = Clock(), Gate(), []
+    poller = Poller("t", gate, readings.append, timeout=60, clock=clock)
+    poller.start()
+    poller.request()
+    assert gate.entered.wait(10)
+    clock.now += 2.5  # the read has been running for 2.5 s and has not answered
+    assert pace(1.0, [poller]) == 5.0
+    gate.release.set()
+    wait_until(lambda: readings, what="the read")
+    poller.stop()

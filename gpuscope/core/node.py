@@ -31,7 +31,7 @@ from gpuscope.core.model import (
     ProcessRow,
 )
 from gpuscope.core.nvml import NvmlCollector
-from gpuscope.core.poller import Poller, Reading
+from gpuscope.core.poller import Poller, Reading, pace
 from gpuscope.core.store import SeriesStore
 from gpuscope.core.units import format_bytes
 
@@ -119,6 +119,7 @@ class NodeSource:
             Poller("nvml", self._nvml.read, self._on_nvml, timeout=timeout),
             Poller("host", self._read_host, self._on_host, timeout=timeout),
         ]
+        self.pace_s = interval  # the interval in use: longer while a read is slow (poller.pace)
         self._stopping = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="gpuscope-ticker", daemon=True)
 
@@ -163,7 +164,8 @@ class NodeSource:
         while not self._stopping.is_set():
             for p in self._pollers:
                 p.request()
-            self._stopping.wait(self.interval)
+            self.pace_s = pace(self.interval, self._pollers)
+            self._stopping.wait(self.pace_s)
 
     def _on_nvml(self, reading: Reading) -> None:
         if reading.error is not None:
@@ -306,6 +308,8 @@ class NodeSource:
             notices.append(f"GPU data is stale: {self._nvml_error}")
         if self._host_error:
             notices.append(f"Host data is stale: {self._host_error}")
+        if self.pace_s >= 1.5 * self.interval:  # small jitter is not worth a line
+            notices.append(f"Refreshing every {self.pace_s:.0f} s instead of {self.interval:g} s: reads are slow")
         return tuple(notices)
 
     def _chart(self, snap: HostSnapshot) -> MemorySeries | None:
