@@ -40,6 +40,8 @@ VARIABLE_DEFAULTS = {
     "gpuscope-rss": "#4FA3E0",
     "gpuscope-growth": "#E5C07B",
 }
+# What Textual's own CSS needs of a theme with native ANSI colours (it has no default for them).
+ANSI_VARIABLE_DEFAULTS = {"ansi-background": "ansi_black", "ansi-foreground": "ansi_white"}
 _HEX = re.compile(r"^#(?:[0-9a-fA-F]{3}|[0-9a-fA-F]{6}|[0-9a-fA-F]{8})$")
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -122,7 +124,8 @@ def load_theme_file(path: Path) -> ThemeSpec:
         raise ThemeFileError(f"{path}: 'primary' is required")
     colours = {k: _colour(v, f"{path}: {k}") for k, v in data.items()}
     checked = {k: _colour(v, f"{path}: variables.{k}") for k, v in variables.items()}
-    return ThemeSpec(name=name, dark=dark, ansi=ansi, colours=colours, variables={**VARIABLE_DEFAULTS, **checked}, path=path)
+    defaults = {**VARIABLE_DEFAULTS, **(ANSI_VARIABLE_DEFAULTS if ansi else {})}
+    return ThemeSpec(name=name, dark=dark, ansi=ansi, colours=colours, variables={**defaults, **checked}, path=path)
 
 
 def load_themes(env: Mapping[str, str] = os.environ) -> tuple[dict[str, ThemeSpec], list[str]]:

@@ -12,6 +12,17 @@ import pytest
 from helpers import FAKE_NVML_DIR
 
 
+@pytest.fixture(autouse=True)
+def own_settings(tmp_path_factory, monkeypatch):
+    """Every test gets empty config and state folders: the user's themes, settings and remembered
+    theme never change what a test sees, and nothing a test does lands in the user's home."""
+    base = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))
+    for name in ("GPUSCOPE_CONFIG", "GPUSCOPE_THEME", "GPUSCOPE_REFRESH", "NO_COLOR", "TEXTUAL_COLOR_SYSTEM"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def spawn_python(tmp_path):
     """Start a small Python program as a real child process; it is killed after the test."""

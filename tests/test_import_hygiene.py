@@ -30,7 +30,7 @@ def test_core_modules_import_no_ui(module):
     assert loaded_after(f"import {module}") == []
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["ps", "--json"], ["ps"]])
+@pytest.mark.parametrize("argv", [["--help"], ["ps", "--json"], ["ps"], ["config"], ["config", "--json"]])
 def test_headless_commands_import_no_tui_or_torch(argv):
     code = (
         "import contextlib, io\nfrom gpuscope.cli import main\n"

@@ -37,6 +37,7 @@ class AlertBar(TextLines, can_focus=True):
     DEFAULT_CSS = """
     AlertBar { height: auto; padding: 0 1; background: $error 15%; }
     AlertBar:focus { background: $error 35%; }
+    AlertBar:nocolor:focus { text-style: reverse; }
     AlertBar.empty { display: none; }
     """
     BINDINGS = [Binding("enter", "open", "Diagnose", show=False)]

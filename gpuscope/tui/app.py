@@ -17,7 +17,9 @@ from functools import partial
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
+from textual.color import Color
 from textual.containers import Horizontal
+from textual.filter import Monochrome, NoColor
 from textual.theme import Theme
 from rich.text import Text
 from textual.widgets import Footer, Input
@@ -27,6 +29,7 @@ from gpuscope.core.model import Frame
 from gpuscope.config import SloConfig
 from gpuscope.core.serving import ServingSource
 from gpuscope.core.source import Source
+from gpuscope import theme_files
 from gpuscope.theme_files import DEFAULT_THEME, VARIABLE_DEFAULTS, ThemeSpec, load_themes
 from gpuscope.tui.alerts import AlertBar
 from gpuscope.tui.chart import MemoryChart
@@ -46,7 +49,12 @@ HANGUP_GRACE_S = 2.0
 
 
 def textual_theme(spec: ThemeSpec) -> Theme:
-    return Theme(name=spec.name, dark=spec.dark, variables=dict(spec.variables), **spec.colours)
+    return Theme(name=spec.name, dark=spec.dark, ansi=spec.ansi, variables=dict(spec.variables), **spec.colours)
+
+
+def rich_colour(value: str) -> str:
+    """A theme colour (#RRGGBB or ansi_*) as a Rich colour name."""
+    return Color.parse(value).rich_color.name
 
 
 class GpuScopeApp(App):
@@ -67,6 +75,7 @@ class GpuScopeApp(App):
         Binding("S", "sample", "Sample", show=False),
         Binding("a", "allocations", "Alloc"),
         Binding("w", "wizard", "Diagnose"),
+        Binding("t", "next_theme", "Theme", show=False),
         Binding("escape", "escape", "Detach", show=False),
     ]
 
@@ -74,6 +83,8 @@ class GpuScopeApp(App):
         self, source: Source, *, theme: str | None = None, serving: ServingSource | None = None, slo: SloConfig | None = None
     ) -> None:
         super().__init__()
+        if "TEXTUAL_ANIMATIONS" not in os.environ:
+            self.animation_level = "none"  # over a slow link every animation frame is bytes on the wire
         self.source = source
         self.serving = serving
         self.slo = slo
@@ -83,10 +94,16 @@ class GpuScopeApp(App):
         self.serving_snapshot = None  # the latest serving snapshot, for the wizard
         self._cleanups: list[Callable[[], object]] = []
         self._started = False
+        self._theme_names: list[str] = [DEFAULT_THEME]
+        self._no_colour = NoColor()
 
     def get_system_commands(self, screen) -> Iterable[SystemCommand]:
         """Every key's action is also in the command palette (Ctrl+P): the mouse and keys are optional."""
-        yield from super().get_system_commands(screen)
+        # Textual's own theme picker lists its themes too and forgets the choice: ours replace it.
+        yield from (c for c in super().get_system_commands(screen) if c.title != "Theme")
+        yield SystemCommand("Next theme", "Cycle through gpuscope's themes (remembered)", self.action_next_theme)
+        for name in self._theme_names:
+            yield SystemCommand(f"Theme: {name}", "Use this colour theme (remembered)", partial(self.use_theme, name))
         yield SystemCommand("Help", "Keys and what the columns mean", self.action_help)
         yield SystemCommand("Filter processes", "Filter by command, user or PID", self.action_filter)
         for name, (label, _) in SORTS.items():
@@ -154,6 +171,36 @@ class GpuScopeApp(App):
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return dict(VARIABLE_DEFAULTS)
 
+    def get_line_filters(self):
+        # NO_COLOR: Textual's own filter turns colours into greys, which are still colour
+        # sequences; no colour at all is what NO_COLOR asks for (bold, dim and reverse stay).
+        return [self._no_colour if isinstance(f, Monochrome) else f for f in super().get_line_filters()]
+
+    # -- themes ------------------------------------------------------------------------------------
+
+    def action_next_theme(self) -> None:
+        names = self._theme_names
+        at = names.index(self.theme) if self.theme in names else -1
+        self.use_theme(names[(at + 1) % len(names)])
+
+    def use_theme(self, name: str) -> None:
+        """Switch to a theme and remember it for the next start."""
+        self.theme = name
+        self._theme_styles()
+        try:
+            theme_files.remember(name)
+        except OSError as exc:
+            self.notify(f"theme {name} (not remembered: {exc.strerror or exc})", severity="warning")
+            return
+        self.notify(f"theme {name}", timeout=2)
+
+    def _theme_styles(self) -> None:
+        """Styles drawn into text (not CSS) follow the theme too."""
+        growth = self.current_theme.variables.get("gpuscope-growth", VARIABLE_DEFAULTS["gpuscope-growth"])
+        table = self.query_one(ProcessTable)
+        table.growth_style = f"bold {rich_colour(growth)}"
+        table.redraw()
+
     def compose(self) -> ComposeResult:
         with Horizontal(id="title-bar"):
             yield TextLines("gpuscope", id="title")
@@ -172,10 +219,11 @@ class GpuScopeApp(App):
         specs, problems = load_themes()
         for spec in specs.values():
             self.register_theme(textual_theme(spec))
+        self._theme_names = sorted(specs)
         self.theme = self._theme_name if self._theme_name in specs else DEFAULT_THEME
         for problem in problems:
-            self.notify(problem, title="theme file skipped", severity="warning")
-        self.query_one(ProcessTable).growth_style = f"bold {self.theme_variables.get('gpuscope-growth', 'yellow')}"
+            self.notify(problem, title="theme file skipped", severity="warning", timeout=10)
+        self._theme_styles()
         self.query_one(ProcessTable).focus()
         # A polite kill (SIGTERM) ends the console the normal way, so the terminal is restored and
         # whoever started it gets to clean up after it; a lost terminal (SIGHUP) too, with a fallback.

@@ -60,7 +60,9 @@ class MemoryChart(PlotextPlot):
         width, height = self.size.width, self.size.height
         self.plt.plotsize(width, height)
         self.plt._set_size(width, height)  # see textual-plotext#5: plotsize alone is not enough
-        self.plt.theme(self._get_plotext_theme_name(self.app.theme))
+        # A theme of the terminal's own colours gets a chart without a painted background (plotext's
+        # themes are RGB); the lines keep their ANSI colours.
+        self.plt.theme("clear" if self.app.native_ansi_color else self._get_plotext_theme_name(self.app.theme))
         self._text_key = (self.size, self.app.theme)
         return Text.from_ansi(self.plt.build())
 

@@ -15,17 +15,26 @@ from gpuscope.core.units import format_bytes
 from gpuscope.tui.textlines import TextLines
 
 
+# How full memory is, by share used: (at least, style of the bar, mark after the percentage).
+# The mark says it without colour (NO_COLOR, 16 colours, colour-blind readers).
+LEVELS = ((0.9, "red", "⚠"), (0.75, "yellow", "!"), (0.0, "green", " "))
+
+
+def level(used: int | None, total: int | None) -> tuple[str, str]:
+    share = used / total if used is not None and total else 0.0
+    return next((style, mark) for at_least, style, mark in LEVELS if share >= at_least)
+
+
 def bar(used: int | None, total: int | None, width: int) -> Text:
     if not used or not total or width <= 0:
         return Text("░" * width, style="dim")
     filled = max(0, min(width, round(width * used / total)))
-    share = used / total
-    style = "red" if share >= 0.9 else "yellow" if share >= 0.75 else "green"
+    style, _ = level(used, total)
     return Text.assemble(("█" * filled, style), ("░" * (width - filled), "dim"))
 
 
 def percent(used: int | None, total: int | None) -> str:
-    return f"{100 * used / total:3.0f}%" if used is not None and total else "  - "
+    return f"{100 * used / total:3.0f}%{level(used, total)[1]}" if used is not None and total else "  -  "
 
 
 def lines(parts: list[Text]) -> Text:

@@ -80,6 +80,7 @@ class ProcessTable(Widget, can_focus=True):
     ProcessTable > .process-table--header { text-style: bold; background: $panel; }
     ProcessTable > .process-table--cursor { background: $primary 40%; text-style: bold; }
     ProcessTable:focus > .process-table--cursor { background: $primary; color: $text; }
+    ProcessTable:nocolor > .process-table--cursor { text-style: bold reverse; }
     """
     COMPONENT_CLASSES = {"process-table--header", "process-table--cursor"}
     BINDINGS = [
@@ -155,6 +156,10 @@ class ProcessTable(Widget, can_focus=True):
     def set_filter(self, text: str) -> None:
         self.filter_text = text
         self._reorder()
+
+    def redraw(self) -> None:
+        """Draw again with the current styles (after a change of theme)."""
+        self._render_columns()
 
     def select_pid(self, pid: int) -> None:
         index = next((i for i, r in enumerate(self._order) if r.pid == pid), None)

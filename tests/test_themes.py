@@ -1,0 +1,124 @@
+"""Theme files: the built-in ones, user themes from the XDG folder, broken files, the console's
+theme key, the remembered choice, NO_COLOR and animations."""
+
+import os
+
+import pytest
+from textual.filter import Monochrome, NoColor
+
+from gpuscope import theme_files
+from gpuscope.theme_files import ANSI_NAMES, ThemeFileError, load_theme_file, load_themes
+from gpuscope.tui.app import GpuScopeApp
+
+from frames import FakeSource, frame
+
+BUILT_IN = ["gpuscope-ansi", "gpuscope-dark", "gpuscope-high-contrast", "gpuscope-light"]
+
+
+def user_themes() -> "os.PathLike":
+    folder = theme_files.user_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_built_in_themes_load_and_the_ansi_one_uses_only_the_terminal_palette():
+    themes, problems = load_themes()
+    assert problems == [] and sorted(themes) == BUILT_IN
+    ansi = themes["gpuscope-ansi"]
+    assert ansi.ansi and all(v in ANSI_NAMES for v in [*ansi.colours.values(), *ansi.variables.values()])
+    assert not themes["gpuscope-dark"].ansi and not themes["gpuscope-light"].dark
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("name = 'x'\nprimary = ", "not valid TOML"),
+        ("name = 'x'\nprimary = '#123456'\nsparkle = '#fff'", "unknown key 'sparkle'"),
+        ("name = 'x'\nprimary = 'blurple'", "'blurple' is not a colour"),
+        ("name = 'x'\nprimary = '#12345'", "'#12345' is not a colour"),
+        ("name = 'x y'\nprimary = '#123456'", "name must be letters"),
+        ("name = 'x'\nsecondary = '#123456'", "'primary' is required"),
+        ("name = 'x'\nprimary = '#123456'\nansi = 'yes'", "ansi must be true or false"),
+        ("name = 'x'\nprimary = '#123456'\n[variables]\ngpuscope-gpu = 12", "variables.gpuscope-gpu"),
+    ],
+)
+def test_a_broken_theme_file_is_one_line_naming_the_file(tmp_path, text, expected):
+    path = tmp_path / "broken.toml"
+    path.write_text(text)
+    with pytest.raises(ThemeFileError) as caught:
+        load_theme_file(path)
+    message = str(caught.value)
+    assert message.startswith(str(path)) and expected in message and "\n" not in message
+
+
+def test_user_themes_come_from_the_xdg_config_folder_and_broken_ones_are_skipped():
+    folder = user_themes()
+    (folder / "mine.toml").write_text("name = 'mine'\ndark = false\nprimary = '#336699'\n")
+    (folder / "gpuscope-dark.toml").write_text("name = 'gpuscope-dark'\nprimary = '#FF0000'\n")  # overrides
+    (folder / "broken.toml").write_text("name = 'broken'\nprimary = 'not-a-colour'\n")
+    themes, problems = load_themes()
+    assert sorted(themes) == sorted([*BUILT_IN, "mine"])
+    assert themes["gpuscope-dark"].colours["primary"] == "#FF0000"
+    assert len(problems) == 1 and "broken.toml" in problems[0]
+
+
+async def test_a_broken_theme_is_reported_once_in_a_notification_and_the_console_runs():
+    (user_themes() / "broken.toml").write_text("primary = 'nope'\n")
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        notes = [n for n in app._notifications if "broken.toml" in n.message]
+        assert len(notes) == 1 and notes[0].title == "theme file skipped"
+        assert app.theme == "gpuscope-dark" and "broken" not in app.available_themes
+
+
+async def test_t_cycles_the_themes_and_the_choice_is_remembered():
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        seen = [app.theme]
+        for _ in BUILT_IN:
+            await pilot.press("t")
+            seen.append(app.theme)
+        assert seen == ["gpuscope-dark", "gpuscope-high-contrast", "gpuscope-light", "gpuscope-ansi", "gpuscope-dark"]
+        await pilot.press("t")
+        assert app.theme == "gpuscope-high-contrast"
+    assert theme_files.remembered() == "gpuscope-high-contrast"
+    assert theme_files.remembered_path().read_text().strip() == "gpuscope-high-contrast"
+
+
+async def test_the_palette_offers_each_theme_instead_of_textuals_picker():
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Theme" not in titles and "Next theme" in titles
+        assert [t for t in titles if t.startswith("Theme: ")] == [f"Theme: {n}" for n in BUILT_IN]
+
+
+async def test_growth_keeps_its_arrow_and_takes_its_colour_from_the_theme():
+    app = GpuScopeApp(FakeSource(frame()), theme="gpuscope-ansi")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        table = app.query_one("ProcessTable")
+        assert table.growth_style == "bold color(3)"  # ansi_yellow: the terminal's own yellow
+        row = next(r for r in table.order if r.pid == 4242)
+        assert table.cell(row.key, "growth").startswith("▲")
+
+
+async def test_no_color_removes_colour_instead_of_turning_it_grey(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        filters = app.get_line_filters()
+        assert any(isinstance(f, NoColor) for f in filters) and not any(isinstance(f, Monochrome) for f in filters)
+        # Without colour the cursor row is still visible: reverse video.
+        assert app.query_one("ProcessTable").get_component_rich_style("process-table--cursor").reverse
+
+
+async def test_no_animations_unless_asked_for(monkeypatch):
+    app = GpuScopeApp(FakeSource(frame()))
+    assert app.animation_level == "none"
+    monkeypatch.setenv("TEXTUAL_ANIMATIONS", "full")
+    assert GpuScopeApp(FakeSource(frame())).animation_level != "none"
