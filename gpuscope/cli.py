@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--prometheus", metavar="URL", help="a Prometheus server that scrapes the service")
     parser.add_argument("--job", metavar="J", help="with --prometheus: only this job label")
     parser.add_argument("--instance", metavar="I", help="with --prometheus: only this instance label")
+    parser.add_argument("--no-journal", action="store_true",
+                        help="do not record this session to a file (it is kept in memory for 'e' exports)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     ps = sub.add_parser("ps", help="one-shot GPU + host process table", description="One-shot GPU + host process table.")
@@ -159,6 +161,40 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     config.add_argument("--json", action="store_true", help="a JSON object, for scripts")
+
+    snapshot = sub.add_parser(
+        "snapshot",
+        help="record the node for a while and write one snapshot file (headless export)",
+        description=(
+            "Record the node (and the process --pid, and the service) for S seconds without a console and write "
+            "one snapshot file (mode 0600, written atomically) for 'gpuscope replay' and 'gpuscope report'."
+        ),
+    )
+    snapshot.add_argument("--pid", type=_pid, help="the process to follow (its details and a stack dump go in)")
+    snapshot.add_argument("--duration", type=_seconds(1.0), default=10.0, metavar="S", help="seconds to record (default 10)")
+    where = snapshot.add_mutually_exclusive_group()
+    where.add_argument("--metrics-url", action="append", metavar="URL", help="the service's /metrics (repeatable)")
+    where.add_argument("--prometheus", metavar="URL", help="a Prometheus server that scrapes the service")
+    snapshot.add_argument("-o", "--output", metavar="FILE", required=True, help="the snapshot file to write")
+
+    replay = sub.add_parser(
+        "replay",
+        help="the console over a recording (a journal or a snapshot)",
+        description=(
+            "Open the console over a recorded session: a snapshot, or a journal from "
+            "~/.local/state/gpuscope/sessions. Space plays and pauses, [ and ] step, { and } jump a minute, "
+            "< and > change the speed, j jumps to a time."
+        ),
+    )
+    replay.add_argument("file", metavar="FILE", help="the snapshot or journal")
+
+    report = sub.add_parser(
+        "report",
+        help="a Markdown incident report from a recording",
+        description="The verdict, the seven steps, the suspects with stacks, charts as text and the key numbers, as Markdown.",
+    )
+    report.add_argument("file", metavar="FILE", help="the snapshot or journal")
+    report.add_argument("-o", "--output", metavar="FILE.md", help="write the report to this file (mode 0600) instead of stdout")
     return parser
 
 
@@ -192,6 +228,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpuscope.commands import config
 
             return config.run(args)
+        if args.command == "snapshot":
+            from gpuscope.commands import snapshot
+
+            return snapshot.run(args)
+        if args.command == "replay":
+            from gpuscope.commands import replay
+
+            return replay.run(args)
+        if args.command == "report":
+            from gpuscope.commands import report
+
+            return report.run(args)
         if args.command == "demo":
             from gpuscope.demo.run import run_demo
 
@@ -247,6 +295,7 @@ def settings(args: argparse.Namespace):
         "prometheus.url": getattr(args, "prometheus", None),
         "prometheus.job": getattr(args, "job", None),
         "prometheus.instance": getattr(args, "instance", None),
+        "journal.enabled": False if getattr(args, "no_journal", False) else None,
     }
     try:
         config = load_config(Path(given).expanduser() if given else None)
@@ -315,9 +364,32 @@ def cmd_console(args: argparse.Namespace) -> int:
     serving, slo = serving_source(args)
     terminal_check()
     from gpuscope.core.node import NodeSource
-    from gpuscope.tui.app import GpuScopeApp
 
     source = NodeSource(interval=refresh, focus_pid=args.pid, thresholds=thresholds)
-    app = GpuScopeApp(source, theme=theme, serving=serving, slo=slo)
-    app.run()
+    return run_console(args, source, serving, slo=slo, theme=theme, pid=args.pid, interval=refresh)
+
+
+def run_console(args: argparse.Namespace, source, serving, *, slo, theme: str, pid: int | None, interval: float,
+                cleanups: Sequence = ()) -> int:
+    """Run the live console over `source`, recording the session to its journal."""
+    from gpuscope.core.journal import Recorded, open_session_journal, session_meta
+    from gpuscope.tui.app import GpuScopeApp
+
+    config, effective = settings(args)
+    journal = open_session_journal(
+        enabled=effective["journal.enabled"].value, keep_days=config.journal.keep_days, max_mb=config.journal.max_mb,
+        meta=session_meta("journal", pid=pid, interval_s=interval),
+    )
+    source = Recorded(source, journal.frame, journal)
+    if serving is not None:
+        serving = Recorded(serving, journal.serving, journal)
+    app = GpuScopeApp(source, theme=theme, serving=serving, slo=slo, journal=journal)
+    for cleanup in (journal.close, *cleanups):  # also when a lost terminal cuts the exit short
+        app.add_cleanup(cleanup)
+    try:
+        app.run()
+    finally:
+        journal.close()
+    if journal.path is not None:
+        print(f"gpuscope: session recorded in {journal.path} (gpuscope replay FILE, gpuscope report FILE)", file=sys.stderr)
     return app.return_code or 0

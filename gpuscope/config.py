@@ -343,6 +343,7 @@ FLAG_SETTINGS = {
     "prometheus.url": "--prometheus",
     "prometheus.job": "--job",
     "prometheus.instance": "--instance",
+    "journal.enabled": "--no-journal",
 }
 
 

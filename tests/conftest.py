@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FAKE_NVML_DIR
+from helpers import FAKE_NVML_DIR, Tmux
 
 
 @pytest.fixture(autouse=True)
@@ -55,3 +55,17 @@ def fake_nvml(monkeypatch):
     pynvml.configure({"init_error": "LibraryNotFound"})
     yield pynvml
     sys.modules.pop("pynvml", None)
+
+
+@pytest.fixture
+def tmux_session(tmp_path):
+    sessions = []
+
+    def start(command, env=None, size=(120, 40)):
+        session = Tmux(command, env, size, tmp_path / f"tmux{len(sessions)}.conf")
+        sessions.append(session)
+        return session
+
+    yield start
+    for s in sessions:
+        s.close()

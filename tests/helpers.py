@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,3 +69,35 @@ def require_tool(name: str) -> str:
     if os.environ.get("GPUSCOPE_REQUIRE_TOOLS"):
         pytest.fail(f"{name} is not installed (CI must install it: see .ci/run)")
     pytest.skip(f"{name} is not installed")
+
+
+class Tmux:
+    """gpuscope in a real terminal: tmux runs it, send-keys types, capture-pane reads the screen."""
+
+    def __init__(self, command: list[str], env: dict[str, str] | None, size, config: Path):
+        self.tmux = require_tool("tmux")
+        self.socket = f"gpuscope-test-{uuid.uuid4().hex[:8]}"
+        # remain-on-exit from the config, so a command that exits at once still leaves its output.
+        config.write_text("set -g remain-on-exit on\nset -g status off\n")
+        self.config = config
+        env_args = [a for k, v in (env or {}).items() for a in ("-e", f"{k}={v}")]
+        self._run("new-session", "-d", "-s", "t", "-x", str(size[0]), "-y", str(size[1]), *env_args,
+                  "-c", str(ROOT), shlex.join(command))
+
+    def _run(self, *args: str) -> str:
+        cmd = [self.tmux, "-L", self.socket, "-f", str(self.config), *args]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def screen(self) -> str:
+        return self._run("capture-pane", "-p", "-t", "t")
+
+    def keys(self, *keys: str) -> None:
+        self._run("send-keys", "-t", "t", *keys)
+
+    def dead(self) -> bool:
+        return self._run("display-message", "-p", "-t", "t", "#{pane_dead}").strip() == "1"
+
+    def close(self) -> None:
+        subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=30)

@@ -2,60 +2,13 @@
 
 import json
 import shlex
-import subprocess
-import uuid
-from pathlib import Path
 
 import psutil
 import pytest
 
-from helpers import LEAKER, ROOT, fake_nvml_env, gpuscope_cmd, require_tool, wait_until
+from helpers import LEAKER, fake_nvml_env, gpuscope_cmd, wait_until
 
 pytestmark = pytest.mark.terminal
-
-
-class Tmux:
-    def __init__(self, command: list[str], env: dict[str, str] | None, size, config: Path):
-        self.tmux = require_tool("tmux")
-        self.socket = f"gpuscope-test-{uuid.uuid4().hex[:8]}"
-        # remain-on-exit from the config, so a command that exits at once still leaves its output.
-        config.write_text("set -g remain-on-exit on\nset -g status off\n")
-        self.config = config
-        env_args = [a for k, v in (env or {}).items() for a in ("-e", f"{k}={v}")]
-        self._run("new-session", "-d", "-s", "t", "-x", str(size[0]), "-y", str(size[1]), *env_args,
-                  "-c", str(ROOT), shlex.join(command))
-
-    def _run(self, *args: str) -> str:
-        cmd = [self.tmux, "-L", self.socket, "-f", str(self.config), *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        assert out.returncode == 0, out.stderr
-        return out.stdout
-
-    def screen(self) -> str:
-        return self._run("capture-pane", "-p", "-t", "t")
-
-    def keys(self, *keys: str) -> None:
-        self._run("send-keys", "-t", "t", *keys)
-
-    def dead(self) -> bool:
-        return self._run("display-message", "-p", "-t", "t", "#{pane_dead}").strip() == "1"
-
-    def close(self) -> None:
-        subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
-
-
-@pytest.fixture
-def tmux_session(tmp_path):
-    sessions = []
-
-    def start(command, env=None, size=(120, 40)):
-        session = Tmux(command, env, size, tmp_path / f"tmux{len(sessions)}.conf")
-        sessions.append(session)
-        return session
-
-    yield start
-    for s in sessions:
-        s.close()
 
 
 def test_attach_to_a_leaking_child_shows_it_growing_help_and_quit(tmux_session, spawn_python, tmp_path):

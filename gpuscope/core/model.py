@@ -146,6 +146,20 @@ class Alert:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayPosition:
+    """Where a replay's time cursor stands (frames from a replay carry it; live ones do not)."""
+
+    index: int
+    count: int
+    start: float  # wall-clock time of the recording's first and last frames
+    end: float
+    playing: bool
+    speed: float
+    file: str
+    damage: str | None = None  # what could not be read of the file, if anything
+
+
+@dataclass(frozen=True, slots=True)
 class Frame:
     """Everything the console shows at one instant."""
 
@@ -160,3 +174,4 @@ class Frame:
     chart: MemorySeries | None = None
     source: str = "live"  # "live" or "replay"
     alerts: tuple[Alert, ...] = ()  # fastest growth first
+    replay: ReplayPosition | None = None

@@ -348,35 +348,48 @@ class NodeSource:
         snap = self._last
         frame = self._frame(snap) if snap is not None else None
         now = frame.time if frame else self._clock()
-        history = self.history(pid, seconds, now=now)
-        times = tuple(-a for a in history.ages) if history else ()
-        has_gpu = history is not None and any(v is not None for v in history.gpu_bytes)
-        rows = frame.processes if frame else ()
-        mine = [r for r in rows if r.pid == pid and r.gpu is not None]
-        device = None
-        if mine:
-            index = max(mine, key=lambda r: r.gpu_memory_bytes or 0).gpu
-            info = next((d for d in self._nvml_reading.devices if d.index == index), None)
-            dev_times, dev_used = self.device_history(index, seconds, now=now)
-            device = DeviceEvidence(
-                index=index,
-                name=info.name if info else f"GPU {index}",
-                total_bytes=info.memory_total if info else None,
-                used=Series(tuple(t - now for t in dev_times), tuple(dev_used)),
-            )
-        focus = frame.focus if frame and frame.focus and frame.focus.pid == pid else None
-        row = next((r for r in rows if r.pid == pid), None)
-        return Evidence(
-            pid=pid,
-            command=focus.command if focus else (row.command if row else ""),
-            duration_s=(times[-1] - times[0]) if len(times) > 1 else 0.0,
-            rss=Series(times, history.rss_bytes if history else ()),
-            gpu=Series(times, history.gpu_bytes) if has_gpu else None,
-            device=device,
-            processes=rows,
-            nvml_status=self._nvml_reading.status,
-            exited=bool(focus and focus.exited) or (row is None and history is not None),
+        return evidence_of(pid, seconds, frame, now, self.history, self.device_history)
+
+
+def evidence_of(
+    pid: int,
+    seconds: float,
+    frame: Frame | None,
+    now: float,
+    history: Callable[..., MemorySeries | None],
+    device_history: Callable[..., tuple[list[float], list[float | None]]],
+) -> Evidence:
+    """A diagnosis's evidence from a source's latest frame and its recorded series (live or replay)."""
+    series = history(pid, seconds, now=now)
+    times = tuple(-a for a in series.ages) if series else ()
+    has_gpu = series is not None and any(v is not None for v in series.gpu_bytes)
+    rows = frame.processes if frame else ()
+    devices = frame.nvml.devices if frame else ()
+    mine = [r for r in rows if r.pid == pid and r.gpu is not None]
+    device = None
+    if mine:
+        index = max(mine, key=lambda r: r.gpu_memory_bytes or 0).gpu
+        info = next((d for d in devices if d.index == index), None)
+        dev_times, dev_used = device_history(index, seconds, now=now)
+        device = DeviceEvidence(
+            index=index,
+            name=info.name if info else f"GPU {index}",
+            total_bytes=info.memory_total if info else None,
+            used=Series(tuple(t - now for t in dev_times), tuple(dev_used)),
         )
+    focus = frame.focus if frame and frame.focus and frame.focus.pid == pid else None
+    row = next((r for r in rows if r.pid == pid), None)
+    return Evidence(
+        pid=pid,
+        command=focus.command if focus else (row.command if row else ""),
+        duration_s=(times[-1] - times[0]) if len(times) > 1 else 0.0,
+        rss=Series(times, series.rss_bytes if series else ()),
+        gpu=Series(times, series.gpu_bytes) if has_gpu else None,
+        device=device,
+        processes=rows,
+        nvml_status=frame.nvml.status if frame else None,
+        exited=bool(focus and focus.exited) or (row is None and series is not None),
+    )
 
 
 def _none_if_nan(v: float | None) -> float | None:

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from typing import Any
 
-from gpuscope.cli import console_settings, serving_source, terminal_check
+from gpuscope.cli import console_settings, run_console, serving_source, terminal_check
 from gpuscope.errors import Failure, UsageError
 from gpuscope.demo.lifecycle import child_env
 
@@ -229,7 +229,6 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _console(demo: Demo, args: argparse.Namespace) -> int:
     from gpuscope.core.node import NodeSource
-    from gpuscope.tui.app import GpuScopeApp
 
     assert demo.service is not None
     refresh, theme, thresholds = console_settings(args)
@@ -237,7 +236,5 @@ def _console(demo: Demo, args: argparse.Namespace) -> int:
     serving, slo = serving_source(args, [f"{demo.url}/metrics"])
     # The console ends itself cleanly on SIGTERM / SIGHUP; run_demo's finally then stops the
     # children. If the terminal is lost and that exit cannot finish, the app runs demo.stop itself.
-    app = GpuScopeApp(source, theme=theme, serving=serving, slo=slo)
-    app.add_cleanup(demo.stop)
-    app.run()
-    return app.return_code or 0
+    return run_console(args, source, serving, slo=slo, theme=theme, pid=demo.service.pid, interval=refresh,
+                       cleanups=(demo.stop,))

@@ -28,6 +28,8 @@ from gpuscope import __version__
 from gpuscope.core.model import Frame
 from gpuscope.config import SloConfig
 from gpuscope.core.serving import ServingSource
+from gpuscope.core.journal import Journal, describe, state_dir
+from gpuscope.core.replay import parse_time
 from gpuscope.core.source import Source
 from gpuscope import theme_files
 from gpuscope.theme_files import DEFAULT_THEME, VARIABLE_DEFAULTS, ThemeSpec, load_themes
@@ -39,8 +41,9 @@ from gpuscope.tui.help import HelpScreen
 from gpuscope.tui.messages import FrameReady, ServingReady
 from gpuscope.tui.processes import SORTS, ProcessTable
 from gpuscope.tui.service import ServicePanel
-from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
+from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 from gpuscope.tui.textlines import TextLines
+from gpuscope.tui.timeline import JumpScreen, Timeline
 from gpuscope.tui.wizard import WizardScreen
 
 
@@ -76,13 +79,31 @@ class GpuScopeApp(App):
         Binding("a", "allocations", "Alloc"),
         Binding("w", "wizard", "Diagnose"),
         Binding("t", "next_theme", "Theme", show=False),
+        Binding("e", "export", "Export"),
         Binding("escape", "escape", "Detach", show=False),
+        # The replay's time cursor (only in a replay; see check_action).
+        Binding("space", "replay_toggle", "Play/pause"),
+        Binding("left_square_bracket", "replay_step(-1)", "Step back", show=False),
+        Binding("right_square_bracket", "replay_step(1)", "Step", show=False),
+        Binding("left_curly_bracket", "replay_jump(-60)", "-1 min", show=False),
+        Binding("right_curly_bracket", "replay_jump(60)", "+1 min", show=False),
+        Binding("less_than_sign", "replay_speed(-1)", "Slower", show=False),
+        Binding("greater_than_sign", "replay_speed(1)", "Faster", show=False),
+        Binding("j", "replay_jump_to", "Jump", show=False),
     ]
+    REPLAY_ACTIONS = ("replay_toggle", "replay_step", "replay_jump", "replay_speed", "replay_jump_to")
 
     def __init__(
-        self, source: Source, *, theme: str | None = None, serving: ServingSource | None = None, slo: SloConfig | None = None
+        self,
+        source: Source,
+        *,
+        theme: str | None = None,
+        serving: ServingSource | None = None,
+        slo: SloConfig | None = None,
+        journal: Journal | None = None,
     ) -> None:
         super().__init__()
+        self.journal = journal  # where the session is recorded (None in a replay)
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over a slow link every animation frame is bytes on the wire
         self.source = source
@@ -114,6 +135,77 @@ class GpuScopeApp(App):
         yield SystemCommand("Allocation sites of the selected process", "Which code allocates memory that stays", self.action_allocations)
         yield SystemCommand("Diagnose", "The seven-step diagnosis of the alert's (or the selected) process", self.action_wizard)
         yield SystemCommand("Detach", "Stop following the attached process", partial(self.source.focus, None))
+        if self.journal is not None:
+            yield SystemCommand("Export a snapshot", "The whole session in one file, for replay and report", self.action_export)
+        if self.source.kind == "replay":
+            yield SystemCommand("Replay: play / pause", "Move the time cursor with the recording", self.action_replay_toggle)
+            yield SystemCommand("Replay: step back", "One sample back", partial(self.action_replay_step, -1))
+            yield SystemCommand("Replay: step forward", "One sample forward", partial(self.action_replay_step, 1))
+            yield SystemCommand("Replay: back a minute", "Move the cursor 60 s back", partial(self.action_replay_jump, -60))
+            yield SystemCommand("Replay: forward a minute", "Move the cursor 60 s on", partial(self.action_replay_jump, 60))
+            yield SystemCommand("Replay: slower", "Halve the speed", partial(self.action_replay_speed, -1))
+            yield SystemCommand("Replay: faster", "Double the speed", partial(self.action_replay_speed, 1))
+            yield SystemCommand("Replay: jump to a time", "+90, -5m, 14:05:30, start, end", self.action_replay_jump_to)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.REPLAY_ACTIONS:
+            return self.source.kind == "replay"
+        if action == "export":
+            return self.journal is not None
+        return True
+
+    # -- sessions: recording, export, replay ------------------------------------------------------
+
+    def record(self, kind: str, value: object) -> None:
+        """Keep a finding (a stack dump, allocation sites, a diagnosis) with the session."""
+        if self.journal is not None:
+            self.journal.event(kind, value)
+
+    def action_export(self) -> None:
+        """`e`: the whole session so far as one snapshot file (written off the UI thread)."""
+        folder = state_dir() / "exports"
+        target = folder / f"snapshot-{time.strftime('%Y%m%d-%H%M%S')}.gpuscope"
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            self.notify(f"export failed: {exc.strerror or exc}", severity="error")
+            return
+        self.notify(f"exporting to {target}…", timeout=3)
+        done = self.journal.export(target)
+
+        def finished(future) -> None:
+            try:
+                path = future.result()
+            except Exception as exc:  # OSError, sqlite3.Error: the message is for the operator
+                self.call_from_thread(self.notify, f"export failed: {describe(exc)}", severity="error")
+                return
+            self.call_from_thread(self.notify, f"{path}\nreplay: gpuscope replay FILE · report: gpuscope report FILE",
+                                  title="snapshot exported", timeout=10)
+
+        done.add_done_callback(finished)
+
+    def action_replay_toggle(self) -> None:
+        self.source.toggle()
+
+    def action_replay_step(self, frames: int) -> None:
+        self.source.step(frames)
+
+    def action_replay_jump(self, seconds: float) -> None:
+        self.source.jump(seconds)
+
+    def action_replay_speed(self, steps: int) -> None:
+        self.source.faster(steps)
+
+    def action_replay_jump_to(self) -> None:
+        def chosen(text: str | None) -> None:
+            if not text:
+                return
+            try:
+                self.source.seek(parse_time(text, self.source.recording, self.source.now))
+            except ValueError:
+                self.notify(f"not a time: {text!r} (try +90, -5m, 14:05:30, start or end)", severity="warning")
+
+        self.push_screen(JumpScreen(), chosen)
 
     def _selected_pid(self) -> int | None:
         row = self.query_one(ProcessTable).selected_row
@@ -123,17 +215,36 @@ class GpuScopeApp(App):
 
     def action_stacks(self) -> None:
         pid = self._selected_pid()
-        if pid is not None:
+        if pid is None:
+            return
+        if self.source.kind == "replay":
+            self._show_recorded("stacks", pid, lambda dump: DumpScreen(pid, recorded=dump))
+        else:
             self.push_screen(DumpScreen(pid))
 
     def action_sample(self) -> None:
         pid = self._selected_pid()
-        if pid is not None:
+        if pid is None:
+            return
+        if self.source.kind == "replay":
+            self._show_recorded("hot-paths", pid, lambda sample: SampleScreen(pid, recorded=sample))
+        else:
             self.push_screen(SampleScreen(pid))
+
+    def _show_recorded(self, kind: str, pid: int, screen: Callable) -> None:
+        """In a replay, code paths are what the session recorded (nothing is read from a process)."""
+        value = self.source.recorded(kind, pid)
+        if value is None:
+            self.notify(f"no {kind.replace('-', ' ')} of PID {pid} were recorded before this point", severity="warning")
+        else:
+            self.push_screen(screen(value))
 
     def action_allocations(self) -> None:
         pid = self._selected_pid()
         if pid is None:
+            return
+        if self.source.kind == "replay":
+            self._show_recorded("allocations", pid, lambda result: AttributionScreen(result, recorded=True))
             return
 
         def chosen(choice: str | None) -> None:
@@ -205,6 +316,7 @@ class GpuScopeApp(App):
         with Horizontal(id="title-bar"):
             yield TextLines("gpuscope", id="title")
             yield TextLines("", id="clock")  # its own widget: the clock ticking resends 8 cells, not the bar
+        yield Timeline(id="timeline")
         yield DevicesPanel(id="devices")
         yield AlertBar(id="alerts")
         yield ServicePanel(self.slo, id="service")
@@ -282,6 +394,7 @@ class GpuScopeApp(App):
         table = self.query_one(ProcessTable)
         with self.batch_update():
             self._show_title(frame)
+            self.query_one(Timeline).show(frame.replay, frame.time)
             self.query_one(DevicesPanel).show(frame)
             self.query_one(AlertBar).show(frame)
             table.show(frame.processes)

@@ -96,13 +96,17 @@ class CodePathScreen(ModalScreen[None]):
 class DumpScreen(CodePathScreen):
     """`d`: one dump of every thread, innermost frame first."""
 
-    def __init__(self, pid: int, *, native: bool = False) -> None:
-        super().__init__(pid, f"Stacks of PID {pid}")
+    def __init__(self, pid: int, *, native: bool = False, recorded: StackDump | None = None) -> None:
+        super().__init__(pid, f"Stacks of PID {pid}" + (" (recorded)" if recorded else ""))
         self.native = native
+        self.recorded = recorded
 
     def on_mount(self) -> None:
-        self.status(f"reading the stacks of process {self.pid} with py-spy…")
         self.query_one(ProgressBar).add_class("done")
+        if self.recorded is not None:
+            self.show(self.recorded)
+            return
+        self.status(f"reading the stacks of process {self.pid} with py-spy…")
         self.read()
 
     @work(thread=True, exclusive=True, group="code-paths", exit_on_error=False)
@@ -112,6 +116,7 @@ class DumpScreen(CodePathScreen):
         except pyspy.PySpyError as exc:
             self.from_worker(self.failed, str(exc))
             return
+        self.app.record("stacks", dump)
         self.from_worker(self.show, dump)
 
     def show(self, dump: StackDump) -> None:
@@ -132,13 +137,18 @@ class DumpScreen(CodePathScreen):
 class SampleScreen(CodePathScreen):
     """`S`: dumps for a few seconds, aggregated into a tree of hot paths with counts."""
 
-    def __init__(self, pid: int, seconds: float | None = None, interval: float = SAMPLE_INTERVAL) -> None:
-        seconds = SAMPLE_SECONDS if seconds is None else seconds
-        super().__init__(pid, f"Hot paths of PID {pid} ({seconds:g} s)")
+    def __init__(self, pid: int, seconds: float | None = None, interval: float = SAMPLE_INTERVAL,
+                 recorded: StackSample | None = None) -> None:
+        seconds = recorded.duration_s if recorded else SAMPLE_SECONDS if seconds is None else seconds
+        super().__init__(pid, f"Hot paths of PID {pid} ({seconds:g} s)" + (" (recorded)" if recorded else ""))
         self.samples = max(2, round(seconds / interval))
         self.interval = interval
+        self.recorded = recorded
 
     def on_mount(self) -> None:
+        if self.recorded is not None:
+            self.show(self.recorded)
+            return
         self.status(f"sampling process {self.pid}: {self.samples} dumps, {self.interval:g} s apart… (Esc cancels)")
         self.read()
 
@@ -152,6 +162,8 @@ class SampleScreen(CodePathScreen):
         except pyspy.PySpyError as exc:
             self.from_worker(self.failed, str(exc))
             return
+        if not self.cancel.is_set():
+            self.app.record("hot-paths", result)
         self.from_worker(self.show, result)
 
     def show(self, sample: StackSample) -> None:
@@ -210,6 +222,8 @@ class SuspectsScreen(CodePathScreen):
         result = allocations.attribute(
             self.pid, self.seconds, use_memray=self.use_memray, cancelled=self.cancel.is_set, progress=progress
         )
+        if not self.cancel.is_set():
+            self.app.record("allocations", result)
         self.from_worker(self.show, result)
 
     def show(self, result: Attribution) -> None:
@@ -239,8 +253,8 @@ def show_attribution(screen: CodePathScreen, result: Attribution) -> None:
 class AttributionScreen(CodePathScreen):
     """The suspects of an attribution already made (the wizard's step 7, one key away)."""
 
-    def __init__(self, result: Attribution) -> None:
-        super().__init__(result.pid, f"Allocation sites of PID {result.pid}")
+    def __init__(self, result: Attribution, *, recorded: bool = False) -> None:
+        super().__init__(result.pid, f"Allocation sites of PID {result.pid}" + (" (recorded)" if recorded else ""))
         self.result = result
 
     def on_mount(self) -> None:

@@ -86,6 +86,8 @@ class WizardScreen(Screen[None]):
         keep = attribution or (self.evidence.attribution if self.evidence else None)
         self.evidence = replace(evidence, serving_end=getattr(app, "serving_snapshot", None), attribution=keep)
         self.diagnosis = diagnose(self.evidence)
+        if app.source.kind != "replay":
+            app.record("diagnosis", self.diagnosis)  # the session keeps the wizard's findings
         self.render_steps()
 
     def render_steps(self) -> None:
@@ -163,6 +165,9 @@ class WizardScreen(Screen[None]):
     def action_allocations(self) -> None:
         if self.working.is_set():
             return
+        if self.app.source.kind == "replay":
+            self.app.notify("a replay shows the allocation sites that were recorded; nothing is attached", severity="warning")
+            return
 
         def chosen(choice: str | None) -> None:
             if choice is not None:
@@ -196,6 +201,7 @@ class WizardScreen(Screen[None]):
 
     def _found(self, result) -> None:
         self._status = ""
+        self.app.record("allocations", result)
         self.compute(attribution=result)
 
     def action_stacks(self) -> None:

@@ -1,0 +1,25 @@
+"""`gpuscope replay FILE`: the console over a journal or a snapshot, with a time cursor."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuscope.cli import console_settings, terminal_check
+from gpuscope.core.recording import RecordingError, open_recording
+from gpuscope.errors import Failure
+
+
+def run(args: argparse.Namespace) -> int:
+    _, theme, _ = console_settings(args)
+    try:
+        recording = open_recording(args.file)
+    except RecordingError as exc:
+        raise Failure(str(exc)) from None
+    terminal_check()
+    from gpuscope.core.replay import ReplaySource
+    from gpuscope.tui.app import GpuScopeApp
+
+    source = ReplaySource(recording)
+    app = GpuScopeApp(source, theme=theme, serving=source.serving if recording.serving else None)
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,250 @@
+"""The incident report: a recording (journal or snapshot) as Markdown for a ticket.
+
+The verdict and the seven steps are the last diagnosis recorded in the session; a session in
+which nobody ran one gets the diagnosis of its likeliest subject (the alert's process, else the
+attached one, else the fastest grower), computed from the recorded series the way the wizard
+would. Charts are text (plotext), so the report pastes into any ticket as it is.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import replace
+
+from gpuscope.core.diagnosis import Diagnosis, diagnose
+from gpuscope.core.model import Frame
+from gpuscope.core.node import evidence_of
+from gpuscope.core.recording import Recording
+from gpuscope.core.units import format_bytes, format_rate
+
+CHART_WIDTH = 100
+CHART_HEIGHT = 16
+TOP_PROCESSES = 10
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STATUS_WORD = {"ok": "✔ ok", "warn": "▲ warn", "alert": "✖ ALERT", "skipped": "– skipped"}
+
+
+def subject_pid(recording: Recording, frame: Frame) -> int | None:
+    """Whom the session was about: the recorded diagnosis's, the alert's, the attached, the fastest grower."""
+    diagnoses = recording.events_of("diagnosis")
+    if diagnoses:
+        return diagnoses[-1].value.pid
+    for alert in frame.alerts:
+        if alert.pid is not None:
+            return alert.pid
+        rows = [r for r in frame.processes if r.gpu == alert.device and r.gpu_growth_bytes_per_s is not None]
+        if rows:
+            return max(rows, key=lambda r: r.gpu_growth_bytes_per_s).pid
+    if recording.meta.get("pid"):
+        return recording.meta["pid"]
+    if frame.focus is not None:
+        return frame.focus.pid
+    growing = [r for r in frame.processes if r.growth_bytes_per_s]
+    if growing:
+        return max(growing, key=lambda r: r.growth_bytes_per_s).pid
+    return None
+
+
+def diagnosis_of(recording: Recording, pid: int) -> tuple[Diagnosis, bool]:
+    """(the diagnosis, whether it was recorded) for `pid` at the end of the recording."""
+    recorded = recording.events_of("diagnosis", pid)
+    if recorded:
+        return recorded[-1].value, True
+    frame = recording.frame(len(recording) - 1)
+    span = recording.end - recording.start + 1.0
+    evidence = evidence_of(pid, span, frame, frame.time, recording.history, recording.device_history)
+    allocations = recording.events_of("allocations", pid)
+    evidence = replace(
+        evidence,
+        attribution=allocations[-1].value if allocations else None,
+        serving_start=next((s for s in recording.serving if s.ok), None),
+        serving_end=recording.serving[-1] if recording.serving else None,
+    )
+    return diagnose(evidence), False
+
+
+def build_report(recording: Recording) -> str:
+    last = recording.frame(len(recording) - 1)
+    out: list[str] = []
+    start, end = recording.start, recording.end
+    out += [
+        f"# gpuscope incident report: {recording.hostname}",
+        "",
+        f"- recorded: {_when(start)} to {_when(end)} ({_duration(end - start)}, {len(recording)} samples)",
+        f"- from: {recording.kind} `{recording.path.name}`, gpuscope {recording.meta.get('gpuscope_version', '?')}",
+    ]
+    if recording.damage:
+        out.append(f"- note: {recording.damage}")
+    out.append("")
+
+    pid = subject_pid(recording, last)
+    if pid is None:
+        out += ["## Verdict", "", "No process to diagnose: nothing grew and no alert was raised.", ""]
+    else:
+        d, recorded = diagnosis_of(recording, pid)
+        out += _diagnosis(d, recorded)
+        out += _chart_section(recording, pid, end)
+        out += _suspects(recording, d, pid)
+    out += _devices(recording, last)
+    out += _processes(last)
+    out += _service(recording)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
+    how = "as diagnosed during the session" if recorded else "computed from the recording"
+    growth = format_rate(d.memory.growth_bytes_per_s, na="-")
+    out = [
+        "## Verdict",
+        "",
+        f"**{d.verdict}** ({d.pattern}) in PID {d.pid}: {d.memory_source.upper()} memory "
+        f"{format_bytes(d.memory.start_bytes)} → {format_bytes(d.memory.end_bytes)} over {d.duration_s:.0f} s, "
+        f"{growth} MB/s ({how}).",
+        "",
+        f"Command: `{d.command}`",
+        "",
+        "## The seven steps",
+        "",
+    ]
+    for step in d.steps:
+        out.append(f"### {step.number}. {step.title} — {STATUS_WORD.get(step.status, step.status)}")
+        out.append("")
+        out.append(step.finding)
+        numbers = _key_numbers(step.evidence)
+        if numbers:
+            out.append("")
+            out.append(f"Evidence: {numbers}")
+        if step.next:
+            out.append("")
+            out.append(f"Next: {step.next}")
+        out.append("")
+    return out
+
+
+def _key_numbers(evidence: dict) -> str:
+    """The scalar numbers and words of a step's evidence, in one line."""
+    parts = []
+    for key, value in evidence.items():
+        if key == "next" or isinstance(value, (dict, list, tuple)):
+            continue
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        parts.append(f"{key} = {value}")
+    return ", ".join(parts[:12])
+
+
+def _chart_section(recording: Recording, pid: int, end: float) -> list[str]:
+    series = recording.history(pid, end - recording.start + 1.0, end)
+    if series is None or len(series.ages) < 2:
+        return []
+    out = [f"## Memory of PID {pid}", ""]
+    # One chart per kind of memory: GPU memory in GiB and RSS in MiB share no useful scale.
+    for name, values in (("GPU memory", series.gpu_bytes), ("RSS", series.rss_bytes)):
+        points = [(-age, v / 2**20) for age, v in zip(series.ages, values) if v is not None]
+        if len(points) >= 2:
+            out += [f"{name} (MiB):", "", "```", text_chart(points), "```", ""]
+    return out
+
+
+def text_chart(points: list[tuple[float, float]]) -> str:
+    """(seconds before the end, value) points as a plotext chart without colour."""
+    import plotext as plt
+
+    plt.clear_figure()
+    plt.plotsize(CHART_WIDTH, CHART_HEIGHT)
+    plt.theme("clear")
+    plt.plot([p[0] for p in points], [p[1] for p in points], marker="braille")
+    plt.xlabel("seconds before the end of the recording")
+    text = _ANSI.sub("", plt.build())
+    plt.clear_figure()
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def _suspects(recording: Recording, d: Diagnosis, pid: int) -> list[str]:
+    out: list[str] = []
+    if d.suspects:
+        out += ["## Suspects (the code that allocated the memory that stayed)", "",
+                "| # | function | where | bytes | share | method |", "|---|---|---|---|---|---|"]
+        for i, s in enumerate(d.suspects[:10], start=1):
+            size = format_bytes(s.bytes) if s.bytes is not None else "?"
+            out.append(f"| {i} | `{s.function}` | {s.file}:{s.line} | {size} | {s.share * 100:.0f}% | {s.method} |")
+        out.append("")
+        for i, s in enumerate(d.suspects[:3], start=1):
+            if s.stack:
+                out += [f"Stack of suspect {i} (innermost first):", "", "```"]
+                out += [f"{f.function}  {f.file}:{f.line}" for f in s.stack[:20]]
+                out += ["```", ""]
+    dumps = recording.events_of("stacks", pid)
+    if dumps:
+        dump = dumps[-1].value
+        out += [f"## Stacks of PID {pid} at {_when(dump.time)} ({dump.mode} py-spy dump)", "", "```"]
+        for thread in dump.threads:
+            out.append(f"thread {thread.name or thread.thread_id} ({thread.state})")
+            out += [f"    {f.function}  {f.file}:{f.line}" for f in thread.frames[:15]]
+        out += ["```", ""]
+    return out
+
+
+def _devices(recording: Recording, last: Frame) -> list[str]:
+    if last.nvml.status is not None:
+        return ["## GPUs", "", f"No GPU data: {last.nvml.status}", ""]
+    out = ["## GPUs", "", "| GPU | name | used at start | used at end | total |", "|---|---|---|---|---|"]
+    for d in last.nvml.devices:
+        times, used = recording.devices.get(d.index, ([], []))
+        first = next((u for u in used if u is not None), None)
+        out.append(f"| {d.index} | {d.name} | {format_bytes(first)} | {format_bytes(d.memory_used)} | {format_bytes(d.memory_total)} |")
+    return out + [""]
+
+
+def _processes(last: Frame) -> list[str]:
+    rows = sorted(last.processes, key=lambda r: -((r.gpu_memory_bytes or 0) + (r.rss_bytes or 0)))[:TOP_PROCESSES]
+    out = ["## Processes at the end (largest first)", "",
+           "| PID | user | GPU | GPU memory | RSS | growth MB/s | command |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        gpu = "-" if r.gpu is None else str(r.gpu)
+        command = r.command.replace("|", "\\|")
+        if len(command) > 80:
+            command = command[:79] + "…"
+        out.append(
+            f"| {r.pid} | {r.user or '?'} | {gpu} | {format_bytes(r.gpu_memory_bytes)} | {format_bytes(r.rss_bytes)} "
+            f"| {format_rate(r.growth_bytes_per_s, na='-')} | `{command}` |"
+        )
+    return out + [""]
+
+
+def _service(recording: Recording) -> list[str]:
+    good = [s for s in recording.serving if s.ok]
+    if not good:
+        if recording.serving:
+            return ["## Service", "", f"No serving signals: {recording.serving[-1].state}", ""]
+        return []
+    first, last = good[0], good[-1]
+    out = [f"## Service ({last.profile or 'unknown profile'}, {last.source} of {last.target})", "",
+           "| signal | at start | at end |", "|---|---|---|"]
+    for name, value in last.signals.to_json().items():
+        before = first.signals.get(name)
+        if value is None and before is None:
+            continue
+        out.append(f"| {name} | {_number(before)} | {_number(value)} |")
+    if last.stages:
+        out += ["", "| stage | p95 s | share |", "|---|---|---|"]
+        for s in last.stages:
+            share = "-" if s.share is None else f"{s.share * 100:.0f}%"
+            out.append(f"| {s.name} | {_number(s.p95_s)} | {share} |")
+    return out + [""]
+
+
+def _number(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s" if m else f"{s} s"

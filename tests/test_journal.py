@@ -1,0 +1,253 @@
+"""The session file: the journal that records, the snapshot it exports, and what reads them back."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from frames import T0, frame, rows
+from gpuscope.core import journal as journal_mod
+from gpuscope.core.allocations import Attribution, Rung
+from gpuscope.core.journal import KEYFRAME_EVERY, Journal, prune, session_meta
+from gpuscope.core.recording import RecordingError, open_recording
+from gpuscope.core.stacks import StackDump, StackFrame, Suspect, ThreadStack
+from helpers import ROOT, gpuscope_cmd
+
+
+def session_frames(n: int):
+    """Frames as a node produces them: RSS creeping, a process leaving and coming back, one appearing."""
+    base = replace(frame(), chart=None, focus=None)
+    out = []
+    for i in range(n):
+        procs = [replace(r, rss_bytes=r.rss_bytes + i * 4096) if r.pid == 4242 else r for r in rows()]
+        if 70 <= i < 75:
+            procs = procs[1:]  # 4242 gone for a while: it comes back at the end of the order
+        if i >= 100:
+            procs.append(replace(rows()[-1], pid=31337, command="python late.py", cpu_percent=float(i)))
+        out.append(replace(base, time=T0 + i, processes=tuple(procs), selected_pid=4242 if i % 2 else None))
+    return out
+
+
+def recording_text(path: Path) -> str:
+    """Everything in a session file, readable: its metadata and every decompressed record."""
+    conn = sqlite3.connect(path)
+    parts = [f"{k}={v}" for k, v in conn.execute("SELECT key, value FROM meta")]
+    for table in ("frames", "serving", "events"):
+        parts += [zlib.decompress(blob).decode() for (blob,) in conn.execute(f"SELECT data FROM {table}")]
+    conn.close()
+    return "\n".join(parts)
+
+
+def test_frames_come_back_as_they_were_recorded(tmp_path):
+    frames = session_frames(130)
+    path = tmp_path / "sessions" / "s.gpuscope"
+    j = Journal(path)
+    for f in frames:
+        j.frame(f)
+    j.close()
+    assert j.problem is None and j.dropped == 0
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+
+    rec = open_recording(path)
+    assert len(rec) == len(frames) and rec.kind == "journal" and rec.damage is None
+    # In order, out of order (a jump back), and across keyframes.
+    for i in [*range(len(frames)), 3, 129, 64, 61, 60, 0]:
+        assert rec.frame(i) == frames[i], i
+    conn = sqlite3.connect(path)
+    keyframes = [t for (t,) in conn.execute("SELECT t FROM frames WHERE keyframe = 1")]
+    assert keyframes == [T0, T0 + KEYFRAME_EVERY, T0 + 2 * KEYFRAME_EVERY]
+    # Deltas are small: idle processes cost nothing, a changed one only its changed fields.
+    delta = json.loads(zlib.decompress(conn.execute("SELECT data FROM frames WHERE t = ?", (T0 + 5,)).fetchone()[0]))
+    assert delta["rows"] == {"4242:0": {"rss_bytes": frames[5].processes[0].rss_bytes}} and delta["gone"] == []
+    # The series replay charts from: every sample of the process, its GPU memory summed over GPUs.
+    history = rec.history(4242, 1000, T0 + 129)
+    assert len(history.ages) == 130 - 5 and history.rss_bytes[-1] == frames[-1].processes[0].rss_bytes
+
+
+def test_an_export_is_a_private_snapshot_of_the_range(tmp_path):
+    frames = session_frames(130)
+    j = Journal(None, meta=session_meta("journal", pid=4242))
+    for f in frames:
+        j.frame(f)
+    dump = StackDump(4242, T0 + 80, "blocking", False, (
+        ThreadStack(1, "MainThread", 11, True, True, (StackFrame("handle", "/srv/app.py", 12, locals=(("api_key", "sk-SECRET"),)),)),
+    ))
+    j.event("stacks", dump, t=T0 + 80)
+    j.event("stacks", replace(dump, time=T0 + 10), t=T0 + 10)  # outside the range: left out
+    target = tmp_path / "cut.gpuscope"
+    assert j.export(target, since=T0 + 65, until=T0 + 110).result(30) == target
+    j.close()
+
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["cut.gpuscope"]  # no temporary file left behind
+    rec = open_recording(target)
+    assert rec.kind == "snapshot" and rec.meta["range"] == [T0 + 65, T0 + 110] and rec.meta["pid"] == 4242
+    assert [rec.frame(i) for i in range(len(rec))] == frames[65:111]
+    first = sqlite3.connect(target).execute("SELECT keyframe FROM frames ORDER BY rowid LIMIT 1").fetchone()
+    assert first == (1,)  # the snapshot starts on a keyframe even though the range did not
+    [event] = rec.events_of("stacks", 4242)
+    assert event.time == T0 + 80 and event.value.threads[0].frames[0].function == "handle"
+    # Local variables can hold secrets: never recorded, so never exported.
+    assert event.value.threads[0].frames[0].locals == ()
+    assert "sk-SECRET" not in recording_text(target)
+
+
+def test_findings_are_recorded_with_their_types(tmp_path):
+    path = tmp_path / "s.gpuscope"
+    j = Journal(path)
+    j.frame(session_frames(1)[0])
+    found = Attribution(4242, (Suspect("leak", "/srv/app.py", 3, 10 * 2**20, 0.9, "memray"),),
+                        (Rung("memray", "used", "tracked 10 s"),), "memray", "high", 10.0)
+    j.event("allocations", found, t=T0)
+    with pytest.raises(ValueError):
+        j.event("not-a-kind", found)
+    j.close()
+    [event] = open_recording(path).events_of("allocations", 4242)
+    assert event.value == found
+
+
+def test_retention_drops_old_sessions_then_the_oldest_past_the_budget(tmp_path):
+    now = time.time()
+    ages_days = {"a": 10, "b": 3, "c": 2, "d": 1, "live": 0}
+    for name, age in ages_days.items():
+        path = tmp_path / f"{name}.gpuscope"
+        path.write_bytes(b"x" * 1000)
+        mtime = now - age * 86400 if name != "live" else now - 5
+        os.utime(path, (mtime, mtime))
+    (tmp_path / "b.gpuscope-wal").write_bytes(b"x" * 500)
+    (tmp_path / "notes.txt").write_text("not a session")
+    deleted = prune(tmp_path, keep_days=7, max_bytes=3000, now=now)
+    # "a" is too old; then b (with its WAL) goes to get down to 3000 bytes; the live one is never touched.
+    assert sorted(p.name for p in deleted) == ["a.gpuscope", "b.gpuscope"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.gpuscope", "d.gpuscope", "live.gpuscope", "notes.txt"]
+
+
+FULL_DISK = textwrap.dedent("""
+    import resource, signal, sys, time
+    sys.path.insert(0, sys.argv[2])
+    from dataclasses import replace
+    from pathlib import Path
+    from frames import frame, rows
+    from gpuscope.core.journal import Journal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+    j = Journal(Path(sys.argv[1]))
+    base = replace(frame(), chart=None)
+    for i in range(5000):
+        # Every process changes every time, with a long unique command: about 1 kB a frame on disk.
+        procs = tuple(replace(r, pid=r.pid + k * 10000, command=f"{r.command} --n {i} {k} " + str(i * 7919 % 10007) * 20,
+                              rss_bytes=i * 4096 + k) for k in range(4) for r in rows())
+        j.frame(replace(base, time=1.0 + i, processes=procs))
+        if j.problem:
+            break
+        time.sleep(0.002)
+    j.close()
+    print(j.problem)
+""")
+
+
+def test_a_full_disk_stops_the_recording_and_keeps_what_was_written(tmp_path):
+    path = tmp_path / "s.gpuscope"
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(script), str(path), str(ROOT / "tests")], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    problem = done.stdout.strip()
+    assert problem.startswith("recording stopped: ") and str(path) in problem, problem
+    rec = open_recording(path)
+    assert len(rec) > 10  # what was committed before the disk filled up is all there
+    rec.frame(len(rec) - 1)
+
+
+def make_file(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"{kind}.gpuscope"
+    if kind == "empty":
+        path.touch()
+    elif kind == "random":
+        path.write_bytes(os.urandom(8192))
+    elif kind == "text":
+        path.write_text("# gpuscope incident report\n")
+    elif kind == "other-sqlite":
+        sqlite3.connect(path).execute("CREATE TABLE t(x)").connection.close()
+    elif kind in ("future-schema", "truncated"):
+        j = Journal(None)
+        for f in session_frames(400):
+            j.frame(f)
+        j.export(path).result(30)
+        j.close()
+        if kind == "future-schema":
+            conn = sqlite3.connect(path)
+            conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema'")
+            conn.commit()
+            conn.close()
+        else:
+            data = path.read_bytes()
+            path.write_bytes(data[: len(data) // 3])
+    elif kind == "folder":
+        path.mkdir()
+    return path
+
+
+EXPECTED = {
+    "missing": "no such file",
+    "empty": "the file is empty",
+    "random": "not a gpuscope snapshot or journal",
+    "text": "not a gpuscope snapshot or journal",
+    "other-sqlite": "not a gpuscope snapshot or journal",
+    "future-schema": "written by a newer gpuscope",
+    "truncated": "damaged or cut short",
+    "folder": "is a folder",
+}
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_files_that_cannot_be_replayed_get_one_line(tmp_path, kind):
+    path = make_file(tmp_path, kind)
+    with pytest.raises(RecordingError, match=EXPECTED[kind]):
+        open_recording(path)
+    for command in ("replay", "report"):
+        done = subprocess.run([*gpuscope_cmd(), command, str(path)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, (command, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and EXPECTED[kind] in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_damaged_record_is_skipped_until_the_next_keyframe(tmp_path):
+    path = tmp_path / "s.gpuscope"
+    j = Journal(path)
+    for f in session_frames(130):
+        j.frame(f)
+    j.close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE frames SET data = x'00ff' WHERE t = ?", (T0 + 30,))
+    conn.commit()
+    conn.close()
+    rec = open_recording(path)
+    assert len(rec) == 130 - 30 and "damaged frame records skipped" in rec.damage
+    assert rec.times[29] == T0 + 29 and rec.times[30] == T0 + 60
+
+
+def test_the_session_file_format_is_what_the_module_says(tmp_path):
+    """A reader in another language needs only SQLite, zlib and JSON (see gpuscope.core.journal)."""
+    path = tmp_path / "s.gpuscope"
+    j = Journal(path, meta=session_meta("journal", pid=7))
+    j.frame(session_frames(1)[0])
+    j.close()
+    conn = sqlite3.connect(path)
+    meta = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
+    assert meta["format"] == journal_mod.FORMAT and meta["schema"] == journal_mod.SCHEMA and meta["pid"] == 7
+    (blob,) = conn.execute("SELECT data FROM frames").fetchone()
+    first = json.loads(zlib.decompress(blob))
+    assert first["hostname"] == "gpu-node-7" and len(first["processes"]) == len(rows())

@@ -1,0 +1,194 @@
+"""Replay: a recording behind the console's Source interface, its time cursor, and the report."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from frames import T0
+from gpuscope.core.diagnosis import diagnose
+from gpuscope.core.journal import Journal, session_meta
+from gpuscope.core.recording import open_recording
+from gpuscope.core.replay import ReplaySource, parse_time
+from gpuscope.core.report import build_report
+from gpuscope.core.serving_model import ServingSnapshot, Signals, StageStats
+from gpuscope.core.stacks import StackDump, StackFrame, ThreadStack
+from gpuscope.tui.app import GpuScopeApp
+from gpuscope.tui.service import ServicePanel
+from gpuscope.tui.stacks import DumpScreen
+from gpuscope.tui.timeline import Timeline
+from gpuscope.tui.wizard import WizardScreen
+from test_journal import session_frames
+
+MIB = 2**20
+
+
+def leaking_session(tmp_path, n=120):
+    """A recorded session: process 4242 gains 5 MiB a second (GPU and RSS), the service slows, a dump was taken."""
+    frames = []
+    for f in session_frames(n):
+        i = int(f.time - T0)
+        procs = tuple(replace(r, rss_bytes=2**30 + i * 5 * MIB, gpu_memory_bytes=60 * 2**30 + i * 5 * MIB)
+                      if r.pid == 4242 else r for r in f.processes)
+        frames.append(replace(f, processes=procs))
+    path = tmp_path / "session.gpuscope"
+    j = Journal(path, meta=session_meta("journal", pid=4242))
+    for k, f in enumerate(frames):
+        j.frame(f)
+        if k % 5 == 0:
+            j.serving(ServingSnapshot(
+                time=f.time, source="scrape", target="http://127.0.0.1:8000/metrics", profile="rag", window_s=30.0,
+                signals=Signals(e2e_latency_p95_s=0.2 + k / 100, tokens_per_s=500.0 - k),
+                stages=(StageStats("retriever", 0.01, 0.05 + k / 200, 0.09, 0.6),), as_of=f.time,
+            ))
+    dump = StackDump(4242, T0 + 50, "blocking", False, (
+        ThreadStack(1, "MainThread", 11, True, True, (StackFrame("remember", "/srv/retriever.py", 42),
+                                                     StackFrame("search", "/srv/retriever.py", 30))),
+    ))
+    j.event("stacks", dump, t=T0 + 50)
+    j.close()
+    return path, frames
+
+
+def test_the_cursor_plays_pauses_steps_jumps_and_changes_speed(tmp_path):
+    path, frames = leaking_session(tmp_path)
+    source = ReplaySource(open_recording(path), playing=False)
+    seen = []
+    got = threading.Event()
+
+    def on_frame(f):
+        seen.append(f)
+        got.set()
+
+    source.start(on_frame)
+    try:
+        first = seen[-1]
+        assert first.source == "replay" and first.replay.index == 0 and not first.replay.playing
+        assert first.processes == frames[0].processes and first.time == T0
+        source.step(5)
+        assert seen[-1].replay.index == 5 and seen[-1].processes == frames[5].processes
+        source.step(-2)
+        assert seen[-1].replay.index == 3
+        source.jump(60)
+        assert seen[-1].time == T0 + 63
+        source.seek(T0 + 10_000)
+        assert seen[-1].replay.index == len(frames) - 1
+        source.select(4242)
+        chart = seen[-1].chart
+        assert chart.pid == 4242 and chart.rss_bytes[-1] == frames[-1].processes[0].rss_bytes
+        source.faster(2)
+        assert seen[-1].replay.speed == 4.0
+        source.faster(-10)
+        assert seen[-1].replay.speed == 0.25
+        # Playing from the end starts again at the beginning, and the cursor moves by itself.
+        source.faster(10)
+        source.toggle()
+        assert seen[-1].replay.playing and seen[-1].replay.index == 0
+        count = len(seen)
+        deadline = time.monotonic() + 10
+        while len(seen) < count + 3:
+            assert time.monotonic() < deadline, "the replay did not move on"
+            got.wait(1)
+            got.clear()
+        assert seen[-1].replay.index > 0
+    finally:
+        source.stop()
+
+
+def test_jump_targets():
+    class Rec:
+        start = T0
+        end = T0 + 3600
+
+    now = T0 + 100
+    assert parse_time("+90", Rec, now) == now + 90
+    assert parse_time("-5m", Rec, now) == now - 300
+    assert parse_time("+1h", Rec, now) == now + 3600
+    assert parse_time("start", Rec, now) == T0 and parse_time("end", Rec, now) == T0 + 3600
+    clock = time.strftime("%H:%M:%S", time.localtime(T0 + 1800))
+    assert parse_time(clock, Rec, now) == T0 + 1800
+    for bad in ("soon", "25:00", "+x", ""):
+        with pytest.raises(ValueError):
+            parse_time(bad, Rec, now)
+
+
+def test_evidence_from_a_replay_diagnoses_the_recorded_leak(tmp_path):
+    path, _ = leaking_session(tmp_path)
+    source = ReplaySource(open_recording(path), playing=False)
+    source.start(lambda f: None)
+    try:
+        source.seek(T0 + 10_000)
+        evidence = source.evidence(4242, 600)
+        assert evidence.rss.times[-1] == 0 and len(evidence.rss.times) == 115
+        assert evidence.serving_end is not None and evidence.serving_end.profile == "rag"
+        assert diagnose(evidence).verdict == "leak"
+        assert source.recorded("stacks", 4242).threads[0].frames[0].function == "remember"
+        source.seek(T0 + 10)
+        assert source.recorded("stacks", 4242) is None  # not yet taken at that point of the session
+    finally:
+        source.stop()
+
+
+def test_the_report_has_the_verdict_steps_chart_stacks_and_numbers(tmp_path):
+    path, frames = leaking_session(tmp_path)
+    report = build_report(open_recording(path))
+    assert report.startswith("# gpuscope incident report: gpu-node-7")
+    assert "**leak**" in report and "in PID 4242" in report and "(computed from the recording)" in report
+    for number in range(1, 8):
+        assert f"### {number}. " in report
+    assert "## Memory of PID 4242" in report and "GPU memory (MiB):" in report and "RSS (MiB):" in report and "⠀" not in report.split("```")[0]
+    assert "remember  /srv/retriever.py:42" in report  # the recorded stack dump
+    assert "| 4242 | svc | 0 |" in report and "api-key ***" in report  # the process table, redacted as recorded
+    assert "| e2e_latency_p95_s | 0.2 |" in report and "| retriever |" in report
+    assert "\x1b[" not in report
+
+
+async def test_the_console_over_a_replay(tmp_path):
+    path, frames = leaking_session(tmp_path)
+    source = ReplaySource(open_recording(path), playing=False)
+    app = GpuScopeApp(source, serving=source.serving)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        timeline = app.query_one(Timeline)
+        assert timeline.display and "⏸ paused" in timeline.text.plain and "0:00:00 / 0:01:59" in timeline.text.plain
+        assert "replay" in app.query_one("#title").text.plain
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        await pilot.pause(0.2)
+        assert app.frame.replay.index == 2 and app.frame.time == T0 + 2
+        await pilot.press("right_curly_bracket")
+        await pilot.pause(0.2)
+        assert app.frame.time == T0 + 62
+        await pilot.press("greater_than_sign")
+        await pilot.pause(0.2)
+        assert app.frame.replay.speed == 2.0
+        assert app.query_one(ServicePanel).display
+        # `d` shows the dump recorded with the session (nothing is read from a process).
+        await pilot.press("d")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, DumpScreen) and app.screen.recorded is not None
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        # The jump box: to the end.
+        await pilot.press("j")
+        await pilot.pause(0.1)
+        await pilot.press(*"end", "enter")
+        await pilot.pause(0.2)
+        assert app.frame.replay.index == len(frames) - 1
+        # The wizard diagnoses what was recorded.
+        await pilot.press("w")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, WizardScreen) and app.screen.diagnosis.verdict == "leak"
+
+
+async def test_the_replay_keys_are_only_in_a_replay():
+    from frames import FakeSource, frame
+
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.1)
+        assert not app.query_one(Timeline).display
+        assert app.check_action("replay_toggle", ()) is False
+        assert app.check_action("export", ()) is False  # no journal given to this console
