@@ -22,6 +22,7 @@ HELP = """\
   a               allocation sites: the code whose memory stays
   w               diagnose: the alert's process, or the selected one
                   (↑ ↓ steps, r re-run, a sites, Enter stacks, e export)
+  t               next colour theme (remembered; all of them in Ctrl+P)
   ?               this help
   q               quit
 
