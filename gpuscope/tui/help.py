@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -22,7 +22,9 @@ HELP = """\
   a               allocation sites: the code whose memory stays
   w               diagnose: the alert's process, or the selected one
                   (↑ ↓ steps, r re-run, a sites, Enter stacks, e export)
+  e               export the session as one snapshot file (replay, report)
   t               next colour theme (remembered; all of them in Ctrl+P)
+  replay:         space play/pause · [ ] step · { } ±1 min · < > speed · j jump
   ?               this help
   q               quit
 
@@ -35,12 +37,13 @@ N/A means NVML could not say (it is never shown as 0).
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: 76; max-width: 100%; height: auto; max-height: 100%; padding: 0 1; border: round $primary; background: $surface; }
+    HelpScreen > VerticalScroll { width: 76; max-width: 100%; height: auto; max-height: 100%; padding: 0 1; border: round $primary; background: $surface; }
     """
     BINDINGS = [
         Binding("escape,q,question_mark", "dismiss", "Close"),
     ]
 
     def compose(self) -> ComposeResult:
-        with Vertical():
+        # Scrolls (↑ ↓ PgUp PgDn) where the terminal is shorter than the help: 80x24 included.
+        with VerticalScroll():
             yield Static(HELP, id="help-text")

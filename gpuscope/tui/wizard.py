@@ -85,8 +85,13 @@ class WizardScreen(Screen[None]):
         evidence = app.source.evidence(self.pid, HISTORY_S)
         keep = attribution or (self.evidence.attribution if self.evidence else None)
         self.evidence = replace(evidence, serving_end=getattr(app, "serving_snapshot", None), attribution=keep)
-        self.diagnosis = diagnose(self.evidence)
-        if app.source.kind != "replay":
+        if app.source.kind == "replay":
+            # The findings the wizard recorded during the session, if it ran by this point.
+            recorded = app.source.recorded("diagnosis", self.pid)
+            self.diagnosis = recorded if recorded is not None else diagnose(self.evidence)
+            self._status = "as recorded during the session" if recorded is not None else "from the recording"
+        else:
+            self.diagnosis = diagnose(self.evidence)
             app.record("diagnosis", self.diagnosis)  # the session keeps the wizard's findings
         self.render_steps()
 
