@@ -79,6 +79,7 @@ class GpuScopeApp(App):
         Binding("a", "allocations", "Alloc"),
         Binding("w", "wizard", "Diagnose"),
         Binding("t", "next_theme", "Theme", show=False),
+        Binding("ctrl+z", "suspend_process", "Suspend", show=False),  # the terminal is raw: ^Z is a key
         Binding("e", "export", "Export"),
         Binding("escape", "escape", "Detach", show=False),
         # The replay's time cursor (only in a replay; see check_action).
@@ -345,10 +346,17 @@ class GpuScopeApp(App):
                 loop.add_signal_handler(signum, handler)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
+        # Back from Ctrl+Z: the terminal was someone else's meanwhile, so every cell is sent again
+        # (panels otherwise resend only what changed).
+        self.app_resume_signal.subscribe(self, lambda _: self._repaint_everything())
         self.source.start(lambda frame: self.post_message(FrameReady(frame)))
         if self.serving is not None:
             self.serving.start(lambda snapshot: self.post_message(ServingReady(snapshot)))
         self._started = True
+
+    def _repaint_everything(self) -> None:
+        for widget in self.screen.walk_children():
+            widget.refresh()
 
     def add_cleanup(self, cleanup: Callable[[], object]) -> None:
         """Something that must happen when the console ends, even if the terminal is lost."""
