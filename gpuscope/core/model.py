@@ -122,12 +122,29 @@ class ProcessDetail:
 
 @dataclass(frozen=True, slots=True)
 class MemorySeries:
-    """A process's memory over time: `ages` are seconds before the frame (0 = now, positive)."""
+    """A process's memory over time: `ages` are seconds before the frame (0 = now, positive).
+
+    `allocated_bytes` / `reserved_bytes`: PyTorch's allocator at the same times, for a process
+    with a probe (empty otherwise)."""
 
     pid: int
     ages: tuple[float, ...]
     gpu_bytes: tuple[float | None, ...]
     rss_bytes: tuple[float | None, ...]
+    allocated_bytes: tuple[float | None, ...] = ()
+    reserved_bytes: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TorchMemory:
+    """What PyTorch's caching allocator holds in one process (all its devices), read through the
+    process's probe: `allocated` is in live tensors, `reserved` what the allocator took from CUDA
+    (allocated + its cache). NVML's per-process number is reserved + the CUDA context + the rest."""
+
+    pid: int
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    devices: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,3 +192,4 @@ class Frame:
     source: str = "live"  # "live" or "replay"
     alerts: tuple[Alert, ...] = ()  # fastest growth first
     replay: ReplayPosition | None = None
+    torch: tuple[TorchMemory, ...] = ()  # processes with a probe, by PID

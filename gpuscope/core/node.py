@@ -29,7 +29,9 @@ from gpuscope.core.model import (
     NvmlReading,
     ProcessDetail,
     ProcessRow,
+    TorchMemory,
 )
+from gpuscope.core.allocator import AllocatorCollector
 from gpuscope.core.nvml import NvmlCollector
 from gpuscope.core.poller import Poller, Reading, pace
 from gpuscope.core.store import SeriesStore
@@ -92,6 +94,7 @@ class NodeSource:
         focus_pid: int | None = None,
         nvml: NvmlCollector | None = None,
         host: HostCollector | None = None,
+        allocator: AllocatorCollector | None = None,
         store: SeriesStore | None = None,
         clock: Callable[[], float] = time.time,
         read_timeout: float | None = None,
@@ -100,6 +103,8 @@ class NodeSource:
         self.interval = interval
         self._nvml = nvml or NvmlCollector()
         self._host = host or HostCollector()
+        self._allocator = allocator or AllocatorCollector()
+        self._torch: dict[int, TorchMemory] = {}  # the latest allocator numbers, by PID
         self.store = store or SeriesStore()
         self._clock = clock
         self._focus = focus_pid
@@ -118,6 +123,7 @@ class NodeSource:
         self._pollers = [
             Poller("nvml", self._nvml.read, self._on_nvml, timeout=timeout),
             Poller("host", self._read_host, self._on_host, timeout=timeout),
+            Poller("torch", self._allocator.read, self._on_torch, timeout=timeout),
         ]
         self.pace_s = interval  # the interval in use: longer while a read is slow (poller.pace)
         self._stopping = threading.Event()
@@ -177,6 +183,10 @@ class NodeSource:
         now = self._clock()
         for d in value.devices:
             self.store.add(("dev", d.index), now, d.memory_used)
+
+    def _on_torch(self, reading: Reading) -> None:
+        # A probe that cannot be read now keeps nothing stale: its process shows NVML's number only.
+        self._torch = {} if reading.error is not None else {t.pid: t for t in reading.value}
 
     def _read_host(self) -> HostSnapshot:
         now = self._clock()
@@ -255,6 +265,10 @@ class NodeSource:
                 watch.add(("gpu", p.pid, p.create_time, u.device), snap.time, u.memory)
             known = [u.memory for u in mine if u.memory is not None]
             self.store.add(("gpu", p.pid, p.create_time), snap.time, sum(known) if known else None)
+            torch = self._torch.get(p.pid)
+            if torch is not None:
+                self.store.add(("alloc", p.pid, p.create_time), snap.time, torch.allocated_bytes)
+                self.store.add(("resv", p.pid, p.create_time), snap.time, torch.reserved_bytes)
 
     def _growth(self, key: tuple, now: float) -> float | None:
         times, values = self.store.window(key, now - GROWTH_WINDOW_S)
@@ -294,6 +308,7 @@ class NodeSource:
             selected_pid=self._selected,
             chart=self._chart(snap),
             alerts=self._alerts,
+            torch=tuple(t for pid, t in sorted(self._torch.items()) if pid in snap.visible),
         )
 
     def _notices(self, snap: HostSnapshot, uses: dict[int, list[GpuUse]]) -> tuple[str, ...]:
@@ -326,13 +341,18 @@ class NodeSource:
         create_time = max(starts)  # the newest process to have had this PID
         t0 = now - seconds
         times, rss = self.store.window(("rss", pid, create_time), t0)
-        gtimes, gpu = self.store.window(("gpu", pid, create_time), t0)
-        by_time = dict(zip(gtimes, gpu))
+        aligned = {}
+        for kind in ("gpu", "alloc", "resv"):
+            ktimes, values = self.store.window((kind, pid, create_time), t0)
+            by_time = dict(zip(ktimes, values))
+            aligned[kind] = tuple(_none_if_nan(by_time.get(t)) for t in times) if ktimes else ()
         return MemorySeries(
             pid=pid,
             ages=tuple(now - t for t in times),
-            gpu_bytes=tuple(_none_if_nan(by_time.get(t)) for t in times),
+            gpu_bytes=aligned["gpu"] or (None,) * len(times),
             rss_bytes=tuple(_none_if_nan(v) for v in rss),
+            allocated_bytes=aligned["alloc"],
+            reserved_bytes=aligned["resv"],
         )
 
 
@@ -379,7 +399,11 @@ def evidence_of(
         )
     focus = frame.focus if frame and frame.focus and frame.focus.pid == pid else None
     row = next((r for r in rows if r.pid == pid), None)
+    torch = {}
+    if series is not None and any(v is not None for v in series.allocated_bytes):
+        torch = dict(allocated=Series(times, series.allocated_bytes), reserved=Series(times, series.reserved_bytes))
     return Evidence(
+        **torch,
         pid=pid,
         command=focus.command if focus else (row.command if row else ""),
         duration_s=(times[-1] - times[0]) if len(times) > 1 else 0.0,

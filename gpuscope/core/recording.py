@@ -42,6 +42,8 @@ class ProcessSeries:
     times: list[float] = field(default_factory=list)
     rss: list[float | None] = field(default_factory=list)
     gpu: list[float | None] = field(default_factory=list)
+    allocated: list[float | None] = field(default_factory=list)  # PyTorch's allocator, through a probe
+    reserved: list[float | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class Recording:
             if row.get("gpu") is not None and row.get("gpu_memory_bytes") is not None:
                 gpu_by_pid[pid] = gpu_by_pid.get(pid, 0.0) + row["gpu_memory_bytes"]
             seen.add(pid)
+        torch = {entry["pid"]: entry for entry in data.get("torch", [])}
         for row in data["processes"]:
             pid = row["pid"]
             if pid not in seen:
@@ -115,6 +118,8 @@ class Recording:
             s.times.append(t)
             s.rss.append(row.get("rss_bytes"))
             s.gpu.append(gpu_by_pid.get(pid))
+            s.allocated.append(torch.get(pid, {}).get("allocated_bytes"))
+            s.reserved.append(torch.get(pid, {}).get("reserved_bytes"))
         for device in data.get("nvml", {}).get("devices", []):
             times, used = self.devices.setdefault(device["index"], ([], []))
             times.append(t)
@@ -178,11 +183,15 @@ class Recording:
             return None
         lo = bisect.bisect_left(s.times, now - seconds)
         hi = bisect.bisect_right(s.times, now)
+        allocated = tuple(s.allocated[lo:hi])
         return MemorySeries(
             pid=pid,
             ages=tuple(now - t for t in s.times[lo:hi]),
             gpu_bytes=tuple(s.gpu[lo:hi]),
             rss_bytes=tuple(s.rss[lo:hi]),
+            # Empty when the process had no probe then, as the live source gives it.
+            allocated_bytes=allocated if any(v is not None for v in allocated) else (),
+            reserved_bytes=tuple(s.reserved[lo:hi]) if any(v is not None for v in allocated) else (),
         )
 
     def device_history(self, index: int, seconds: float, now: float) -> tuple[list[float], list[float | None]]:

@@ -97,6 +97,14 @@ class MemoryChart(PlotextPlot):
             plt.plot([x for x, _ in points], [v / unit for _, v in points], label=f"{name} {label}",
                      marker="braille", color=colour, yside=side)
             parts.append(f"{name} {label}" + (f" ({side})" if gpu and rss else ""))
+            if name == "GPU":
+                # PyTorch's allocator (a process with a probe) on the GPU's axis: the gap between
+                # reserved and allocated is cache, between NVML and reserved the CUDA context.
+                for tname, values, tcolour in (("resv", series.reserved_bytes, "yellow"), ("alloc", series.allocated_bytes, "magenta")):
+                    tpoints = [(-a, v) for a, v in zip(series.ages, values) if v is not None]
+                    if tpoints:
+                        plt.plot([x for x, _ in tpoints], [v / unit for _, v in tpoints], label=f"torch {tname}",
+                                 marker="braille", color=tcolour, yside=side)
         plt.title(f"PID {series.pid}: {', '.join(parts)} — seconds ago")
         plt.xlim(min(-10.0, -max(series.ages)), 0)  # never a zero-width axis
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gpuscope.core.model import Frame, ProcessRow
+from gpuscope.core.model import Frame, ProcessRow, TorchMemory
 from gpuscope.core.units import format_bytes, format_rate
 from gpuscope.tui.textlines import TextLines
 
@@ -33,8 +33,23 @@ class ProcessPanel(TextLines):
             text.append(f"threads {'-' if d.threads is None else d.threads}\n")
             text.append(f"cwd     {d.cwd or '(not readable)'}\n")
             text.append_text(_memory_lines(rows))
+            torch = next((t for t in frame.torch if t.pid == d.pid), None)
+            if torch is not None:
+                text.append_text(torch_lines(torch, rows))
             text.append(f"cmd     {d.command}", style="dim")
         self.set_text(text)
+
+
+def torch_lines(torch: TorchMemory, rows: list[ProcessRow]) -> Text:
+    """PyTorch's allocator beside NVML's number: what is in tensors, what is cached, what is neither."""
+    text = Text()
+    text.append(f"torch   alloc {format_bytes(torch.allocated_bytes)} · resv {format_bytes(torch.reserved_bytes)}")
+    nvml = [r.gpu_memory_bytes for r in rows if r.gpu is not None and r.gpu_memory_bytes is not None]
+    if nvml and torch.reserved_bytes is not None:
+        # NVML counts the CUDA context and other libraries' memory too: the gap is theirs.
+        text.append(f" · other {format_bytes(max(0, sum(nvml) - torch.reserved_bytes))}", style="dim")
+    text.append("\n")
+    return text
 
 
 def _memory_lines(rows: list[ProcessRow]) -> Text:

@@ -1,0 +1,85 @@
+"""PyTorch's allocator beside NVML's number: the live source reads every probe it finds, the
+console shows allocated vs reserved and the gap, the diagnosis tells cache growth from a leak."""
+
+from __future__ import annotations
+
+from frames import GIB, FakeSource, frame
+from gpuscope.core.diagnosis import diagnose
+from gpuscope.core.journal import Journal
+from gpuscope.core.model import TorchMemory
+from gpuscope.core.node import NodeSource
+from gpuscope.core.recording import open_recording
+from gpuscope.tui.app import GpuScopeApp
+from gpuscope.tui.detail import ProcessPanel
+from helpers import wait_until
+from test_probe import CUDA_LEAKING, FAKE_CUDA, probed
+
+# Only the cache grows: every block is freed (it stays reserved); the process's own memory grows
+# with it, as NVML would see a pool that keeps growing.
+CUDA_CACHE_CHURN = """
+pool = []
+step = 0
+while True:
+    torch.free(torch.empty(((step % 5) + 1) << 20))
+    pool.append(bytearray(300_000))
+    step += 1
+    time.sleep(0.02)
+"""
+
+
+def watch(fake_nvml, child, seconds: float):
+    fake_nvml.configure({"devices": [{"name": "NVIDIA H200", "total": 141 * GIB, "util": 50, "temp": 60,
+                                      "compute": [{"pid": child.pid, "used": "rss"}]}]})
+    source = NodeSource(interval=0.25, focus_pid=child.pid)
+    frames = []
+    source.start(frames.append)
+
+    def enough():
+        history = source.history(child.pid, 600)
+        known = [a for a, v in zip(history.ages, history.allocated_bytes) if v is not None] if history else []
+        return len(known) >= 4 and max(known) >= seconds and frames[-1]
+    try:
+        last = wait_until(enough, timeout=60, interval=0.1, what="allocator samples from the probe")
+        return last, source.evidence(child.pid, 600)
+    finally:
+        source.stop()
+
+
+def test_a_leak_of_tensors_shows_allocated_growing(spawn_python, fake_nvml):
+    child = probed(spawn_python, CUDA_LEAKING, FAKE_CUDA)
+    last, evidence = watch(fake_nvml, child, 3)
+    [torch] = [t for t in last.torch if t.pid == child.pid]
+    assert torch.reserved_bytes >= torch.allocated_bytes > 0 and torch.devices == 1
+    allocated = evidence.allocated.known()
+    assert allocated[-1] > allocated[0] and len(evidence.reserved.values) == len(evidence.rss.values)
+
+
+def test_a_growing_cache_is_not_called_a_leak(spawn_python, fake_nvml):
+    child = probed(spawn_python, CUDA_CACHE_CHURN, FAKE_CUDA)
+    _, evidence = watch(fake_nvml, child, 12)  # the classifier wants 10 s or more
+    assert set(evidence.allocated.known()) == {0}  # nothing stays allocated
+    d = diagnose(evidence)
+    assert d.memory_source == "gpu" and d.pattern == "cache-growth" and d.verdict == "no-leak", d.to_text()
+
+
+async def test_the_console_shows_allocated_reserved_and_the_rest():
+    # NVML: 61 GiB for PID 4242; PyTorch: 50 allocated, 58 reserved -> 3 GiB are the context and others.
+    torch = TorchMemory(4242, 50 * GIB, 58 * GIB)
+    app = GpuScopeApp(FakeSource(frame(torch=(torch,))))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        text = app.query_one(ProcessPanel).text.plain
+        assert "torch   alloc 50.0G · resv 58.0G · other 3.0G" in text
+
+
+def test_the_allocator_numbers_are_recorded_and_replayed(tmp_path):
+    path = tmp_path / "s.gpuscope"
+    j = Journal(path)
+    for i in range(5):
+        j.frame(frame(time=frame().time + i, chart=None, torch=(TorchMemory(4242, (50 + i) * GIB, 58 * GIB),)))
+    j.close()
+    rec = open_recording(path)
+    history = rec.history(4242, 60, rec.end)
+    assert history.allocated_bytes == tuple((50 + i) * GIB for i in range(5))
+    assert history.reserved_bytes == (58 * GIB,) * 5
+    assert rec.frame(4).torch == (TorchMemory(4242, 54 * GIB, 58 * GIB),)
