@@ -180,6 +180,35 @@ def test_probe_a_churning_allocator_grows_reserved_with_allocated_flat(cuda_torc
     assert sum(s.bytes or 0 for s in held) < 300 << 20
 
 
+def test_the_console_source_shows_torch_beside_nvml_and_classifies_cache_growth(cuda_torch, spawn_python):
+    """What the console's detail panel shows, from real NVML and a real probe: NVML >= reserved >=
+    allocated for the churning process, and the diagnosis calls its growth cache-growth."""
+    import time as _time
+
+    from gpuscope.core.diagnosis import diagnose
+    from gpuscope.core.node import NodeSource
+
+    child = spawn_python(PROBED_CUDA_CHURN)
+    source = NodeSource(interval=0.5, focus_pid=child.pid)
+    frames = []
+    source.start(frames.append)
+    try:
+        started = _time.monotonic()
+        wait_until(lambda: _time.monotonic() - started > 20 and frames and any(t.pid == child.pid for t in frames[-1].torch),
+                   timeout=90, what="20 s of samples with the probe's figures")
+        frame = frames[-1]
+        torch = next(t for t in frame.torch if t.pid == child.pid)
+        nvml = sum(r.gpu_memory_bytes or 0 for r in frame.processes if r.pid == child.pid and r.gpu is not None)
+        print(f"console: NVML {nvml}, torch reserved {torch.reserved_bytes}, allocated {torch.allocated_bytes}, "
+              f"other (context + libraries) {nvml - torch.reserved_bytes}")
+        assert nvml >= torch.reserved_bytes >= torch.allocated_bytes
+        d = diagnose(source.evidence(child.pid, 600))
+        print(f"console: diagnosis {d.verdict} ({d.pattern}) over {d.duration_s:.0f} s")
+        assert d.pattern == "cache-growth" and d.verdict == "no-leak", d.to_text()
+    finally:
+        source.stop()
+
+
 def test_probe_cost_per_allocation_with_history_on(cuda_torch, spawn_python, tmp_path):
     from gpuscope.core import probe_client
 
