@@ -251,3 +251,21 @@ def test_the_session_file_format_is_what_the_module_says(tmp_path):
     (blob,) = conn.execute("SELECT data FROM frames").fetchone()
     first = json.loads(zlib.decompress(blob))
     assert first["hostname"] == "gpu-node-7" and len(first["processes"]) == len(rows())
+
+
+def test_report_and_snapshot_never_import_the_tui_or_torch(tmp_path):
+    path = tmp_path / "s.gpuscope"
+    j = Journal(path)
+    for f in session_frames(3):
+        j.frame(f)
+    j.close()
+    forbidden = ("textual", "rich", "textual_plotext", "torch", "gpuscope.tui")
+    for argv in (["report", str(path)], ["snapshot", "--duration", "1", "-o", str(tmp_path / "out.gpuscope")]):
+        code = (
+            "import contextlib, io, sys\nfrom gpuscope.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            f"    status = main({argv!r})\n"
+            f"print(status, [m for m in {forbidden!r} if m in sys.modules])\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.stdout.strip().splitlines()[-1] == "0 []", (argv, done.stdout, done.stderr)
