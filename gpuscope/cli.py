@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib import import_module
 
 from gpuscope import __version__
 from gpuscope.errors import Failure, UsageError
@@ -198,48 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Subcommands with a module in gpuscope/commands/ (its run(args)); the demo and the console are below.
+COMMAND_MODULES = ("ps", "metrics", "stacks", "diagnose", "run", "config", "snapshot", "replay", "report")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         if args.theme is not None:
             theme_check(args.theme)
-        if args.command == "ps":
-            from gpuscope.commands import ps
-
-            return ps.run(args)
-        if args.command == "metrics":
-            from gpuscope.commands import metrics
-
-            return metrics.run(args)
-        if args.command == "stacks":
-            from gpuscope.commands import stacks
-
-            return stacks.run(args)
-        if args.command == "diagnose":
-            from gpuscope.commands import diagnose
-
-            return diagnose.run(args)
-        if args.command == "run":
-            from gpuscope.commands import run
-
-            return run.run(args)
-        if args.command == "config":
-            from gpuscope.commands import config
-
-            return config.run(args)
-        if args.command == "snapshot":
-            from gpuscope.commands import snapshot
-
-            return snapshot.run(args)
-        if args.command == "replay":
-            from gpuscope.commands import replay
-
-            return replay.run(args)
-        if args.command == "report":
-            from gpuscope.commands import report
-
-            return report.run(args)
+        if args.command in COMMAND_MODULES:
+            # Imported only when used: a command's module (and what it needs) never slows the others.
+            return import_module(f"gpuscope.commands.{args.command}").run(args)
         if args.command == "demo":
             from gpuscope.demo.run import run_demo
 

@@ -12,7 +12,7 @@ import json
 import sys
 
 from gpuscope.cli import attach_check, serving_source
-from gpuscope.core.atomic import write_private
+from gpuscope.commands.output import deliver
 from gpuscope.core.diagnosis import Diagnosis, diagnose
 from gpuscope.core.investigation import investigate
 from gpuscope.errors import Failure
@@ -33,12 +33,5 @@ def run(args: argparse.Namespace) -> int:
 def emit(diagnosis: Diagnosis, args: argparse.Namespace) -> int:
     """Print (or write to -o FILE, privately and atomically) the report."""
     text = json.dumps(diagnosis.to_json()) + "\n" if args.json else diagnosis.to_text()
-    if getattr(args, "output", None):
-        try:
-            path = write_private(args.output, text)
-        except OSError as exc:
-            raise Failure(f"cannot write {args.output}: {exc.strerror or exc}") from None
-        print(f"wrote {path}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    deliver(text, getattr(args, "output", None))
     return 0

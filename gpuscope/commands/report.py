@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuscope.core.atomic import write_private
+from gpuscope.commands.output import deliver
 from gpuscope.core.recording import RecordingError, open_recording
 from gpuscope.core.report import build_report
 from gpuscope.errors import Failure
@@ -19,12 +19,5 @@ def run(args: argparse.Namespace) -> int:
         raise Failure(str(exc)) from None
     if recording.damage:
         print(f"note: {recording.damage}", file=sys.stderr)
-    if args.output:
-        try:
-            path = write_private(args.output, text)
-        except OSError as exc:
-            raise Failure(f"cannot write {args.output}: {exc.strerror or exc}") from None
-        print(f"wrote {path}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    deliver(text, args.output)
     return 0
