@@ -96,6 +96,10 @@ class Tmux:
     def keys(self, *keys: str) -> None:
         self._run("send-keys", "-t", "t", *keys)
 
+    def pid(self) -> int:
+        """The process the pane runs (a shell, or the command itself when the shell exec'd it)."""
+        return int(self._run("display-message", "-p", "-t", "t", "#{pane_pid}").strip())
+
     def dead(self) -> bool:
         return self._run("display-message", "-p", "-t", "t", "#{pane_dead}").strip() == "1"
 

@@ -34,14 +34,13 @@ def console(tmux_session, tmp_path: Path, *args: str):
     return tmux, state
 
 
-def gpuscope_process(marker: str) -> psutil.Process:
-    def find():
-        for p in psutil.process_iter(["cmdline"]):
-            cmd = p.info["cmdline"] or []
-            if any("gpuscope" in part for part in cmd[:2]) and marker in " ".join(cmd) and "tmux" not in cmd[0]:
-                return p
-        return None
-    return wait_until(find, timeout=30, what="the console's process")
+def gpuscope_process(tmux) -> psutil.Process:
+    """The console's own process: the pane's, or its child when a shell runs it."""
+    pane = psutil.Process(tmux.pid())
+    if any("gpuscope" in part for part in pane.cmdline()[:2]):
+        return pane
+    return wait_until(lambda: next((c for c in pane.children() if any("gpuscope" in part for part in c.cmdline()[:2])), None),
+                      timeout=30, what="the console's process")
 
 
 def journal_of(state: Path) -> Path:
@@ -109,12 +108,12 @@ def test_live_session_to_snapshot_to_replay_to_report_without_secrets(tmux_sessi
 def test_kill_9_loses_at_most_the_last_second(tmux_session, spawn_python, tmp_path):
     child = spawn_python(LEAKER)
     tmux, state = console(tmux_session, tmp_path, "--pid", str(child.pid))
-    process = gpuscope_process(f"--pid {child.pid}")
+    process = gpuscope_process(tmux)
     journal = journal_of(state)
     seen = wait_until(lambda: frames_in(journal) >= 6 and frames_in(journal), timeout=60, what="six samples")
     killed_at = time.time()
     process.send_signal(signal.SIGKILL)
-    process.wait(30)
+    wait_until(tmux.dead, timeout=30, what="the killed console's pane to end")
     assert os.path.exists(f"{journal}-wal")  # killed: the WAL was never folded back in
     rec = open_recording(journal)  # SQLite recovers the WAL on opening
     assert len(rec) >= seen and rec.damage is None
@@ -126,12 +125,13 @@ def test_kill_9_loses_at_most_the_last_second(tmux_session, spawn_python, tmp_pa
 def test_a_lost_terminal_closes_the_journal(tmux_session, spawn_python, tmp_path):
     child = spawn_python(LEAKER)
     tmux, state = console(tmux_session, tmp_path, "--pid", str(child.pid))
-    process = gpuscope_process(f"--pid {child.pid}")
+    process = gpuscope_process(tmux)
     journal = journal_of(state)
     wait_until(lambda: frames_in(journal) >= 4, timeout=60, what="four samples")
     lost_at = time.time()
     tmux.close()  # the terminal goes away: SIGHUP
-    process.wait(30)
+    wait_until(lambda: not process.is_running() or process.status() == psutil.STATUS_ZOMBIE, timeout=30,
+               what="the console to end")
     assert not os.path.exists(f"{journal}-wal") or os.path.getsize(f"{journal}-wal") == 0  # closed properly
     rec = open_recording(journal)
     assert rec.end >= lost_at - LOST_AT_MOST_S

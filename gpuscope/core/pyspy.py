@@ -79,11 +79,19 @@ def thread_count(pid: int) -> int | None:
         return None
 
 
+def exited(pid: int) -> bool:
+    """Gone, or a zombie (it has exited; its parent has not collected it yet): nothing to read."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
 def _explain(stderr: str, pid: int) -> str:
     """One sentence from py-spy's error output."""
     text = stderr.strip()
     lower = text.lower()
-    if not psutil.pid_exists(pid) or "no such file or directory" in lower or "no such process" in lower:
+    if exited(pid) or "no such file or directory" in lower or "no such process" in lower:
         return f"process {pid} exited"
     if "permission denied" in lower or "operation not permitted" in lower:
         return f"not permitted to read process {pid}: {PERMISSION_HELP}"
@@ -132,7 +140,7 @@ def dump(
     roots: Sequence[str] | None = None,
 ) -> StackDump:
     """One dump of every thread of `pid`. Raises PySpyError with a one-sentence reason."""
-    if not psutil.pid_exists(pid):
+    if exited(pid):
         raise PySpyError(f"process {pid} exited")
     if nonblocking is None:
         threads = thread_count(pid)
@@ -208,7 +216,7 @@ def sample(
         try:
             dumps.append(dump(pid, native=native, nonblocking=nonblocking, roots=roots))
         except PySpyError as exc:
-            if not psutil.pid_exists(pid) or "not permitted" in str(exc) or "not a Python" in str(exc):
+            if exited(pid) or "not permitted" in str(exc) or "not a Python" in str(exc):
                 if not dumps:
                     raise
                 errors.append(str(exc))
