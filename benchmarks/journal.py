@@ -30,7 +30,7 @@ from pathlib import Path
 
 from _harness import dump_json, machine, print_table, run_script
 
-from gpuscope.core.journal import Journal, session_meta
+from gpuscope.core.journal import Journal, export_file, session_meta
 from gpuscope.core.model import Device, Frame, HostMemory, NvmlReading, ProcessRow
 from gpuscope.core.recording import open_recording
 
@@ -137,16 +137,7 @@ def main() -> int:
 
 def journal_export_size(path: Path, target: Path) -> int:
     """The size of the snapshot `e` would export of the whole session."""
-    import sqlite3
-
-    from gpuscope.core.journal import export
-
-    conn = sqlite3.connect(path)
-    try:
-        export(conn, target)
-    finally:
-        conn.close()
-    return target.stat().st_size
+    return export_file(path, target).stat().st_size
 
 
 if __name__ == "__main__":

@@ -146,7 +146,8 @@ def test_the_report_has_the_verdict_steps_chart_stacks_and_numbers(tmp_path):
     assert "\x1b[" not in report
 
 
-async def test_the_console_over_a_replay(tmp_path):
+async def test_the_console_over_a_replay(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     path, frames = leaking_session(tmp_path)
     source = ReplaySource(open_recording(path), playing=False)
     app = GpuScopeApp(source, serving=source.serving)
@@ -177,6 +178,20 @@ async def test_the_console_over_a_replay(tmp_path):
         await pilot.press(*"end", "enter")
         await pilot.pause(0.2)
         assert app.frame.replay.index == len(frames) - 1
+        # A snapshot of the recording up to the cursor, from the replay itself.
+        await pilot.press("j", *"-30", "enter")
+        await pilot.pause(0.2)
+        cursor = app.frame.time
+        await pilot.press("e", "c")
+        exports = tmp_path / "state" / "gpuscope" / "exports"
+        deadline = time.monotonic() + 30
+        while not list(exports.glob("*.gpuscope")):
+            assert time.monotonic() < deadline, "no snapshot was exported"
+            await pilot.pause(0.1)
+        [snapshot] = exports.glob("*.gpuscope")
+        await pilot.pause(0.5)
+        part = open_recording(snapshot)
+        assert part.start == T0 and part.end == cursor and len(part) == int(cursor - T0) + 1
         # The wizard diagnoses what was recorded.
         await pilot.press("w")
         await pilot.pause(0.3)

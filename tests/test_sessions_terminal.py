@@ -69,6 +69,8 @@ def test_live_session_to_snapshot_to_replay_to_report_without_secrets(tmux_sessi
                                timeout=60, what="six samples in the journal")
 
     tmux.keys("e")
+    wait_until(lambda: "Export a snapshot" in tmux.screen(), timeout=10, what="the export's choices")
+    tmux.keys("a")  # the whole session
     exports = state / "gpuscope" / "exports"
     snapshot = wait_until(lambda: next(iter(exports.glob("*.gpuscope")), None), timeout=30, what="the exported snapshot")
     wait_until(lambda: "snapshot exported" in tmux.screen(), timeout=30, what="the export's notification")

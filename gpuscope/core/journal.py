@@ -394,6 +394,15 @@ def frame_records(conn: sqlite3.Connection, since: float | None = None, until: f
             yield t, data
 
 
+def export_file(source: Path, target: Path, since: float | None = None, until: float | None = None) -> Path:
+    """`export` from a session file (a replay's): read-only, so a snapshot on read-only media works."""
+    conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=5.0)
+    try:
+        return export(conn, target, since, until)
+    finally:
+        conn.close()
+
+
 def export(conn: sqlite3.Connection, target: Path, since: float | None = None, until: float | None = None) -> Path:
     """Copy a session (or a time range of it) into a new snapshot file, atomically and 0600."""
     target = Path(target)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from gpuscope.core.diagnosis import Evidence
+from gpuscope.core.journal import export_file
 from gpuscope.core.model import Frame, ProcessDetail, ReplayPosition
 from gpuscope.core.node import CHART_WINDOW_S, evidence_of
 from gpuscope.core.recording import Recording
@@ -75,6 +78,19 @@ class ReplaySource:
         return replace(evidence, attribution=found, serving_end=rec.serving_at(frame.time))
 
     # -- what was recorded -------------------------------------------------------------------
+
+    def export(self, target: Path, since: float | None = None, until: float | None = None) -> Future:
+        """A snapshot of the recording (or of a part of it), written on a thread of its own."""
+        done: Future = Future()
+
+        def write() -> None:
+            try:
+                done.set_result(export_file(self.recording.path, target, since, until))
+            except BaseException as exc:  # handed to whoever waits on the Future
+                done.set_exception(exc)
+
+        threading.Thread(target=write, name="gpuscope-export", daemon=True).start()
+        return done
 
     def recorded(self, kind: str, pid: int | None) -> Any:
         """The last `kind` event ("stacks", "allocations", ...) of `pid` up to the cursor, or None."""

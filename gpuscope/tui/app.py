@@ -43,6 +43,7 @@ from gpuscope.tui.processes import SORTS, ProcessTable
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 from gpuscope.tui.textlines import TextLines
+from gpuscope.tui.export import ExportScreen
 from gpuscope.tui.timeline import JumpScreen, Timeline
 from gpuscope.tui.wizard import WizardScreen
 
@@ -136,8 +137,9 @@ class GpuScopeApp(App):
         yield SystemCommand("Allocation sites of the selected process", "Which code allocates memory that stays", self.action_allocations)
         yield SystemCommand("Diagnose", "The seven-step diagnosis of the alert's (or the selected) process", self.action_wizard)
         yield SystemCommand("Detach", "Stop following the attached process", partial(self.source.focus, None))
-        if self.journal is not None:
-            yield SystemCommand("Export a snapshot", "The whole session in one file, for replay and report", self.action_export)
+        if self._exporter() is not None:
+            yield SystemCommand("Export a snapshot", "The session, or a part of it, in one file for replay and report",
+                                self.action_export)
         if self.source.kind == "replay":
             yield SystemCommand("Replay: play / pause", "Move the time cursor with the recording", self.action_replay_toggle)
             yield SystemCommand("Replay: step back", "One sample back", partial(self.action_replay_step, -1))
@@ -152,7 +154,7 @@ class GpuScopeApp(App):
         if action in self.REPLAY_ACTIONS:
             return self.source.kind == "replay"
         if action == "export":
-            return self.journal is not None
+            return self._exporter() is not None
         return True
 
     # -- sessions: recording, export, replay ------------------------------------------------------
@@ -162,8 +164,22 @@ class GpuScopeApp(App):
         if self.journal is not None:
             self.journal.event(kind, value)
 
+    def _exporter(self) -> Callable | None:
+        """What writes a snapshot: the session's journal, or in a replay the recording itself."""
+        if self.journal is not None:
+            return self.journal.export
+        if self.source.kind == "replay":
+            return self.source.export
+        return None
+
     def action_export(self) -> None:
-        """`e`: the whole session so far as one snapshot file (written off the UI thread)."""
+        """`e`: the session (or a part of it) as one snapshot file, written off the UI thread."""
+        now = self.frame.time if self.frame is not None else time.time()
+        self.push_screen(ExportScreen(now, replay=self.source.kind == "replay"), self._export_range)
+
+    def _export_range(self, chosen: tuple[float | None, float | None] | None) -> None:
+        if chosen is None:
+            return
         folder = state_dir() / "exports"
         target = folder / f"snapshot-{time.strftime('%Y%m%d-%H%M%S')}.gpuscope"
         try:
@@ -172,7 +188,7 @@ class GpuScopeApp(App):
             self.notify(f"export failed: {exc.strerror or exc}", severity="error")
             return
         self.notify(f"exporting to {target}…", timeout=3)
-        done = self.journal.export(target)
+        done = self._exporter()(target, *chosen)
 
         def finished(future) -> None:
             try:

@@ -1,0 +1,51 @@
+"""`e`: which part of the session goes into the snapshot file."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+LAST_S = 600.0  # "the last ten minutes"
+
+
+class ExportScreen(ModalScreen[tuple[float | None, float | None] | None]):
+    """Asks for the range; dismisses with (since, until) wall-clock times (None: open end)."""
+
+    DEFAULT_CSS = """
+    ExportScreen { align: center middle; }
+    ExportScreen > Vertical { width: 64; max-width: 100%; height: auto; border: round $primary; background: $surface; padding: 0 1; }
+    """
+    BINDINGS = [
+        Binding("a", "choose('all')", "Everything"),
+        Binding("t", "choose('last')", "Last 10 min"),
+        Binding("c", "choose('cursor')", "Up to the cursor", show=False),
+        Binding("escape,n", "choose(None)", "Cancel"),
+    ]
+
+    def __init__(self, now: float, *, replay: bool) -> None:
+        super().__init__()
+        self.now = now
+        self.replay = replay
+
+    def compose(self) -> ComposeResult:
+        lines = ["[b]Export a snapshot[/b] (one file, mode 0600: replay it, or make a report of it)", ""]
+        lines.append("  a    the whole " + ("recording" if self.replay else "session so far"))
+        lines.append("  t    the 10 minutes before " + ("the cursor" if self.replay else "now"))
+        if self.replay:
+            lines.append("  c    from the start of the recording to the cursor")
+        lines.append("  Esc  cancel")
+        with Vertical():
+            yield Static("\n".join(lines))
+
+    def action_choose(self, choice: str | None) -> None:
+        if choice == "all":
+            self.dismiss((None, None))
+        elif choice == "last":
+            self.dismiss((self.now - LAST_S, self.now))
+        elif choice == "cursor" and self.replay:
+            self.dismiss((None, self.now))
+        elif choice is None:
+            self.dismiss(None)
