@@ -12,7 +12,6 @@ import bisect
 import json
 import sqlite3
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -70,7 +69,7 @@ class Recording:
         self._keyframes: list[int] = []
         self.processes: dict[int, ProcessSeries] = {}
         self.devices: dict[int, tuple[list[float], list[float | None]]] = {}
-        self._cursor: tuple[int, journal.FrameRebuilder] | None = None
+        self._cursor: tuple[int, journal.FrameRebuilder, dict] | None = None  # the last frame rebuilt
         self._load(records)
         self._serving_times = [s.time for s in serving]
 
@@ -152,27 +151,17 @@ class Recording:
 
     def _rebuild(self, i: int) -> dict:
         # Playing forward reuses the last rebuilt frame; a jump starts from the keyframe before.
-        cursor = self._cursor
-        if cursor is not None and cursor[0] <= i and (i - cursor[0]) <= journal.KEYFRAME_EVERY:
-            at, rebuild = cursor
-            data = None
+        if self._cursor is not None and self._cursor[0] <= i <= self._cursor[0] + journal.KEYFRAME_EVERY:
+            at, rebuild, data = self._cursor
         else:
             at = self._keyframes[bisect.bisect_right(self._keyframes, i) - 1] - 1
-            rebuild = journal.FrameRebuilder()
-            data = None
+            rebuild, data = journal.FrameRebuilder(), {}
         while at < i:
             at += 1
             keyframe, blob = self._records[at]
             data = rebuild.apply(keyframe, journal.unpack(blob))
-        if data is None:  # the cursor was already on i
-            data = {**self._cursor_data, "processes": list(rebuild.rows.values())}
-        self._cursor = (i, rebuild)
-        self._cursor_data = {k: v for k, v in data.items() if k != "processes"}
+        self._cursor = (i, rebuild, data)
         return data
-
-    def frames(self) -> Iterator[Frame]:
-        for i in range(len(self)):
-            yield self.frame(i)
 
     # -- series ----------------------------------------------------------------------------------
 
