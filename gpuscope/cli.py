@@ -276,6 +276,12 @@ def settings(args: argparse.Namespace):
         raise UsageError(str(exc)) from None
 
 
+def alert_thresholds(args: argparse.Namespace):
+    """The leak thresholds of the settings' [alerts] section (the defaults where it is silent)."""
+    config, _ = settings(args)
+    return config.alerts.thresholds()
+
+
 def console_settings(args: argparse.Namespace):
     """(refresh seconds, theme name, leak thresholds) for a console, the theme checked."""
     config, effective = settings(args)
@@ -338,11 +344,12 @@ def cmd_console(args: argparse.Namespace) -> int:
     from gpuscope.core.node import NodeSource
 
     source = NodeSource(interval=refresh, focus_pid=args.pid, thresholds=thresholds)
-    return run_console(args, source, serving, slo=slo, theme=theme, pid=args.pid, interval=refresh)
+    return run_console(args, source, serving, slo=slo, theme=theme, thresholds=thresholds, pid=args.pid,
+                       interval=refresh)
 
 
-def run_console(args: argparse.Namespace, source, serving, *, slo, theme: str, pid: int | None, interval: float,
-                cleanups: Sequence = ()) -> int:
+def run_console(args: argparse.Namespace, source, serving, *, slo, theme: str, thresholds, pid: int | None,
+                interval: float, cleanups: Sequence = ()) -> int:
     """Run the live console over `source`, recording the session to its journal."""
     from gpuscope.core.journal import Recorded, open_session_journal, session_meta
     from gpuscope.tui.app import GpuScopeApp
@@ -355,7 +362,7 @@ def run_console(args: argparse.Namespace, source, serving, *, slo, theme: str, p
     source = Recorded(source, journal.frame, journal)
     if serving is not None:
         serving = Recorded(serving, journal.serving, journal)
-    app = GpuScopeApp(source, theme=theme, serving=serving, slo=slo, journal=journal)
+    app = GpuScopeApp(source, theme=theme, serving=serving, slo=slo, journal=journal, thresholds=thresholds)
     for cleanup in (journal.close, *cleanups):  # also when a lost terminal cuts the exit short
         app.add_cleanup(cleanup)
     try:

@@ -149,3 +149,17 @@ def test_gpuscope_config_with_a_bad_file_is_one_line_and_non_zero(tmp_path):
     assert out.stderr.strip() == f"gpuscope: {path}, line 2: alerts.fast_rate: expected a positive number"
     missing = gpuscope("--config", str(tmp_path / "missing.toml"), "config")
     assert missing.returncode == 2 and "no such configuration file (set by --config)" in missing.stderr
+
+
+def test_the_alert_thresholds_come_from_the_settings(tmp_path, monkeypatch):
+    """[alerts] in the settings is what `diagnose`, `report` and the wizard judge growth by."""
+    import argparse
+
+    from gpuscope.cli import alert_thresholds
+    from gpuscope.core.leak import LeakThresholds
+
+    config = tmp_path / "config.toml"
+    config.write_text("[alerts]\nfast_rate = 123456\n")
+    monkeypatch.setenv("GPUSCOPE_CONFIG", str(config))
+    thresholds = alert_thresholds(argparse.Namespace())
+    assert thresholds.fast_rate == 123456 and thresholds != LeakThresholds()

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from gpuscope.cli import attach_check, serving_source
+from gpuscope.cli import alert_thresholds, attach_check, serving_source
 from gpuscope.commands.output import deliver
 from gpuscope.core.diagnosis import Diagnosis, diagnose
 from gpuscope.core.investigation import investigate
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if evidence.exited and len(evidence.rss.known()) < 2:
         raise Failure(f"process {args.pid} exited before it could be watched")
-    return emit(diagnose(evidence), args)
+    return emit(diagnose(evidence, alert_thresholds(args)), args)
 
 
 def emit(diagnosis: Diagnosis, args: argparse.Namespace) -> int:

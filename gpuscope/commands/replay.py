@@ -10,7 +10,7 @@ from gpuscope.errors import Failure
 
 
 def run(args: argparse.Namespace) -> int:
-    _, theme, _ = console_settings(args)
+    _, theme, thresholds = console_settings(args)
     try:
         recording = open_recording(args.file)
     except RecordingError as exc:
@@ -20,6 +20,6 @@ def run(args: argparse.Namespace) -> int:
     from gpuscope.tui.app import GpuScopeApp
 
     source = ReplaySource(recording)
-    app = GpuScopeApp(source, theme=theme, serving=source.serving if recording.serving else None)
+    app = GpuScopeApp(source, theme=theme, serving=source.serving if recording.serving else None, thresholds=thresholds)
     app.run()
     return app.return_code or 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpuscope.cli import alert_thresholds
 from gpuscope.commands.output import deliver
 from gpuscope.core.recording import RecordingError, open_recording
 from gpuscope.core.report import build_report
@@ -14,7 +15,7 @@ from gpuscope.errors import Failure
 def run(args: argparse.Namespace) -> int:
     try:
         recording = open_recording(args.file)
-        text = build_report(recording)
+        text = build_report(recording, alert_thresholds(args))
     except RecordingError as exc:
         raise Failure(str(exc)) from None
     if recording.damage:

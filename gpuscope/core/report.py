@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 
 from gpuscope.core.diagnosis import Diagnosis, diagnose
+from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.model import Frame
 from gpuscope.core.node import evidence_of
 from gpuscope.core.recording import Recording
@@ -46,7 +47,7 @@ def subject_pid(recording: Recording, frame: Frame) -> int | None:
     return None
 
 
-def diagnosis_of(recording: Recording, pid: int) -> tuple[Diagnosis, bool]:
+def diagnosis_of(recording: Recording, pid: int, thresholds: LeakThresholds) -> tuple[Diagnosis, bool]:
     """(the diagnosis, whether it was recorded) for `pid` at the end of the recording."""
     recorded = recording.events_of("diagnosis", pid)
     if recorded:
@@ -61,10 +62,10 @@ def diagnosis_of(recording: Recording, pid: int) -> tuple[Diagnosis, bool]:
         serving_start=next((s for s in recording.serving if s.ok), None),
         serving_end=recording.serving[-1] if recording.serving else None,
     )
-    return diagnose(evidence), False
+    return diagnose(evidence, thresholds), False
 
 
-def build_report(recording: Recording) -> str:
+def build_report(recording: Recording, thresholds: LeakThresholds = LeakThresholds()) -> str:
     last = recording.frame(len(recording) - 1)
     out: list[str] = []
     start, end = recording.start, recording.end
@@ -82,7 +83,7 @@ def build_report(recording: Recording) -> str:
     if pid is None:
         out += ["## Verdict", "", "No process to diagnose: nothing grew and no alert was raised.", ""]
     else:
-        d, recorded = diagnosis_of(recording, pid)
+        d, recorded = diagnosis_of(recording, pid, thresholds)
         out += _diagnosis(d, recorded)
         out += _chart_section(recording, pid, end)
         out += _suspects(recording, d, pid)

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from typing import Any
 
-from gpuscope.cli import console_settings, run_console, serving_source, terminal_check
+from gpuscope.cli import alert_thresholds, console_settings, run_console, serving_source, terminal_check
 from gpuscope.errors import Failure, UsageError
 from gpuscope.demo.lifecycle import child_env
 
@@ -181,7 +181,7 @@ def _headless(demo: Demo, args: argparse.Namespace, stop: threading.Event) -> in
     )
     if evidence.exited:
         raise DemoError(f"the demo service (PID {demo.service.pid}) exited while being watched")
-    return emit(diagnose(evidence), args)
+    return emit(diagnose(evidence, alert_thresholds(args)), args)
 
 
 # -- entry ---------------------------------------------------------------------------------------
@@ -236,5 +236,5 @@ def _console(demo: Demo, args: argparse.Namespace) -> int:
     serving, slo = serving_source(args, [f"{demo.url}/metrics"])
     # The console ends itself cleanly on SIGTERM / SIGHUP; run_demo's finally then stops the
     # children. If the terminal is lost and that exit cannot finish, the app runs demo.stop itself.
-    return run_console(args, source, serving, slo=slo, theme=theme, pid=demo.service.pid, interval=refresh,
-                       cleanups=(demo.stop,))
+    return run_console(args, source, serving, slo=slo, theme=theme, thresholds=thresholds, pid=demo.service.pid,
+                       interval=refresh, cleanups=(demo.stop,))

@@ -27,6 +27,7 @@ from textual.widgets import Footer, Input
 from gpuscope import __version__
 from gpuscope.core.model import Frame
 from gpuscope.config import SloConfig
+from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.serving import ServingSource
 from gpuscope.core.journal import Journal, describe, state_dir
 from gpuscope.core.replay import parse_time
@@ -103,8 +104,10 @@ class GpuScopeApp(App):
         serving: ServingSource | None = None,
         slo: SloConfig | None = None,
         journal: Journal | None = None,
+        thresholds: LeakThresholds | None = None,
     ) -> None:
         super().__init__()
+        self.thresholds = thresholds or LeakThresholds()  # the settings' [alerts], for the wizard too
         self.journal = journal  # where the session is recorded (None in a replay)
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over a slow link every animation frame is bytes on the wire
@@ -128,6 +131,7 @@ class GpuScopeApp(App):
         for name in self._theme_names:
             yield SystemCommand(f"Theme: {name}", "Use this colour theme (remembered)", partial(self.use_theme, name))
         yield SystemCommand("Help", "Keys and what the columns mean", self.action_help)
+        yield SystemCommand("Suspend (Ctrl+Z)", "Back to the shell; fg brings the console back", self.action_suspend_process)
         yield SystemCommand("Filter processes", "Filter by command, user or PID", self.action_filter)
         for name, (label, _) in SORTS.items():
             yield SystemCommand(f"Sort: {label}", f"Order the process table by {label}", partial(self.action_sort, name))

@@ -88,10 +88,10 @@ class WizardScreen(Screen[None]):
         if app.source.kind == "replay":
             # The findings the wizard recorded during the session, if it ran by this point.
             recorded = app.source.recorded("diagnosis", self.pid)
-            self.diagnosis = recorded if recorded is not None else diagnose(self.evidence)
+            self.diagnosis = recorded if recorded is not None else diagnose(self.evidence, app.thresholds)
             self._status = "as recorded during the session" if recorded is not None else "from the recording"
         else:
-            self.diagnosis = diagnose(self.evidence)
+            self.diagnosis = diagnose(self.evidence, app.thresholds)
             app.record("diagnosis", self.diagnosis)  # the session keeps the wizard's findings
         self.render_steps()
 
