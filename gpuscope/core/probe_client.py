@@ -170,7 +170,9 @@ def list_probes(*, clean: bool = True) -> list[ProbeInfo]:
 
     Sockets of dead processes are removed when `clean` (and permitted)."""
     folders = {os.path.normpath(_probe.runtime_dir())}
-    for pattern_dir, prefix in (("/run/user", None), (tempfile.gettempdir(), "gpuscope-"), ("/tmp", "gpuscope-")):
+    # The temporary folder is usually /tmp itself: list each folder once (the console does this every refresh).
+    places = dict.fromkeys((("/run/user", None), (os.path.normpath(tempfile.gettempdir()), "gpuscope-"), ("/tmp", "gpuscope-")))
+    for pattern_dir, prefix in places:
         try:
             names = os.listdir(pattern_dir)
         except OSError:
