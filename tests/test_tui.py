@@ -5,6 +5,7 @@ from dataclasses import replace
 from textual.widgets import Input, Static
 
 from gpuscope.tui.app import GpuScopeApp
+from gpuscope.tui.chart import MemoryChart
 from gpuscope.tui.devices import DevicesPanel
 from gpuscope.tui.detail import ProcessPanel
 from gpuscope.tui.help import HelpScreen
@@ -205,3 +206,15 @@ async def test_a_click_selects_and_a_double_click_attaches():
         assert app.query_one(ProcessTable).selected_row.pid == 5100 and source.selected[-1] == 5100
         await pilot.double_click("#col-command", offset=(5, 3))
         assert source.focused == [5100]
+
+
+async def test_without_colour_the_chart_lines_differ_by_marker(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.3)
+        chart = app.query_one(MemoryChart)
+        chart.show(app.frame.chart, force=True)
+        await pilot.pause(0.1)
+        text = chart.render().plain
+        assert "•" in text and any("\u2800" < ch <= "\u28ff" for ch in text)  # RSS dots, GPU braille

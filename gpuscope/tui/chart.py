@@ -26,6 +26,9 @@ def scale(values: list[float]) -> tuple[float, str]:
     return ((1 << 30), "GiB") if top >= 2 * (1 << 30) else ((1 << 20), "MiB")
 
 
+MARKERS_NO_COLOUR = {"GPU": "braille", "RSS": "•", "resv": "+", "alloc": "x"}
+
+
 class MemoryChart(PlotextPlot):
     DEFAULT_CSS = """
     MemoryChart { width: 2fr; height: 1fr; }
@@ -89,13 +92,15 @@ class MemoryChart(PlotextPlot):
         # Each on its own axis (GPU left, RSS right): their sizes differ by orders of magnitude
         # and a shared axis would flatten the smaller one's trend.
         parts = []
+        # Without colour (NO_COLOR) only the marker tells the lines apart: each gets its own.
+        marker = MARKERS_NO_COLOUR if self.app.no_color else dict.fromkeys(MARKERS_NO_COLOUR, "braille")
         for name, points, side, colour in (("GPU", gpu, "left", "green"), ("RSS", rss, "right", "cyan")):
             if not points:
                 continue
             unit, label = scale([v for _, v in points])
             side = side if gpu and rss else "left"
             plt.plot([x for x, _ in points], [v / unit for _, v in points], label=f"{name} {label}",
-                     marker="braille", color=colour, yside=side)
+                     marker=marker[name], color=colour, yside=side)
             parts.append(f"{name} {label}" + (f" ({side})" if gpu and rss else ""))
             if name == "GPU":
                 # PyTorch's allocator (a process with a probe) on the GPU's axis: the gap between
@@ -104,7 +109,7 @@ class MemoryChart(PlotextPlot):
                     tpoints = [(-a, v) for a, v in zip(series.ages, values) if v is not None]
                     if tpoints:
                         plt.plot([x for x, _ in tpoints], [v / unit for _, v in tpoints], label=f"torch {tname}",
-                                 marker="braille", color=tcolour, yside=side)
+                                 marker=marker[tname], color=tcolour, yside=side)
         plt.title(f"PID {series.pid}: {', '.join(parts)} — seconds ago")
         plt.xlim(min(-10.0, -max(series.ages)), 0)  # never a zero-width axis
 
