@@ -269,3 +269,10 @@ def test_report_and_snapshot_never_import_the_tui_or_torch(tmp_path):
         )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert done.stdout.strip().splitlines()[-1] == "0 []", (argv, done.stdout, done.stderr)
+
+
+def test_an_export_after_close_says_so_instead_of_waiting(tmp_path):
+    j = Journal(None)
+    j.close()
+    with pytest.raises(OSError, match="already closed"):
+        j.export(tmp_path / "late.gpuscope").result(5)

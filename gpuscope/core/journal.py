@@ -76,6 +76,9 @@ def unpack(blob: bytes) -> Any:
 # -- frames as keyframes and deltas ------------------------------------------------------------
 
 
+_ABSENT = object()  # a field an older row did not have
+
+
 def row_key(row: dict) -> str:
     return f"{row['pid']}:{row.get('gpu')}"
 
@@ -149,8 +152,6 @@ class FrameRebuilder:
         data["processes"] = list(self.rows.values())
         return data
 
-
-_ABSENT = object()
 
 
 def without_locals(value: Any) -> Any:
@@ -249,7 +250,13 @@ class Journal:
         Runs on the writer thread, after everything queued before it; the Future gives the path
         or raises OSError / sqlite3.Error with the reason."""
         done: Future = Future()
-        self._put(("export", (Path(target), since, until, done)), block=True)
+        if self._closed:
+            done.set_exception(OSError("the session's journal is already closed"))
+            return done
+        try:
+            self._queue.put(("export", (Path(target), since, until, done)), timeout=5.0)
+        except queue.Full:
+            done.set_exception(OSError("the journal is behind (the disk is slow); try again in a moment"))
         return done
 
     def close(self, timeout: float = 2.0) -> None:
@@ -263,12 +270,12 @@ class Journal:
             pass
         self._thread.join(timeout)
 
-    def _put(self, item: tuple, block: bool = False) -> None:
+    def _put(self, item: tuple) -> None:
         if self._closed:
             return
         try:
-            self._queue.put(item, block=block, timeout=5.0 if block else None)
-        except queue.Full:
+            self._queue.put_nowait(item)
+        except queue.Full:  # the disk cannot keep up: drop the sample rather than hold up the console
             self.dropped += 1
 
     # -- the writer thread ---------------------------------------------------------------------
