@@ -207,3 +207,22 @@ async def test_the_replay_keys_are_only_in_a_replay():
         assert not app.query_one(Timeline).display
         assert app.check_action("replay_toggle", ()) is False
         assert app.check_action("export", ()) is False  # no journal given to this console
+
+
+async def test_an_export_that_fails_says_why(tmp_path, monkeypatch):
+    from frames import FakeSource, frame
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    journal = Journal(None)
+    journal.close()  # the journal cannot take the export any more
+    app = GpuScopeApp(FakeSource(frame()), journal=journal)
+    said = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        monkeypatch.setattr(app, "notify", lambda message, **kw: said.append(message))
+        await pilot.pause(0.1)
+        await pilot.press("e", "a")
+        deadline = time.monotonic() + 10
+        while not any("export failed" in m for m in said):
+            assert time.monotonic() < deadline, said
+            await pilot.pause(0.1)
+    assert any("export failed: the session's journal is already closed" in m for m in said)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from textual import on
+from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.color import Color
@@ -192,18 +192,18 @@ class GpuScopeApp(App):
             self.notify(f"export failed: {exc.strerror or exc}", severity="error")
             return
         self.notify(f"exporting to {target}…", timeout=3)
-        done = self._exporter()(target, *chosen)
+        self._write_snapshot(target, chosen)
 
-        def finished(future) -> None:
-            try:
-                path = future.result()
-            except Exception as exc:  # OSError, sqlite3.Error: the message is for the operator
-                self.call_from_thread(self.notify, f"export failed: {describe(exc)}", severity="error")
-                return
-            self.call_from_thread(self.notify, f"{path}\nreplay: gpuscope replay FILE · report: gpuscope report FILE",
-                                  title="snapshot exported", timeout=10)
-
-        done.add_done_callback(finished)
+    @work(thread=True, exit_on_error=False, group="export")
+    def _write_snapshot(self, target, chosen: tuple[float | None, float | None]) -> None:
+        # On a thread: the journal's writer does the work, but waiting on it must not hold the keys.
+        try:
+            path = self._exporter()(target, *chosen).result()
+        except Exception as exc:  # OSError, sqlite3.Error: the message is for the operator
+            self.call_from_thread(self.notify, f"export failed: {describe(exc)}", severity="error")
+            return
+        self.call_from_thread(self.notify, f"{path}\nreplay: gpuscope replay FILE · report: gpuscope report FILE",
+                              title="snapshot exported", timeout=10)
 
     def action_replay_toggle(self) -> None:
         self.source.toggle()
