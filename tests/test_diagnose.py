@@ -18,9 +18,7 @@ from gpuscope.core.investigation import investigate
 
 from helpers import gpuscope_cmd, wait_until
 
-# Long enough for the sawtooth's three falls (3.5 s cycles) even when the machine is busy: at 14 s
-# a loaded machine sometimes saw two and called it flat.
-WINDOW_S = 20.0
+WINDOW_S = 14.0
 
 PROGRAMS = {
     # name: (code, expected verdict, expected pattern, leaking function or None)
