@@ -69,6 +69,7 @@ else:  # pragma: no cover - Python 3.10
 
 from gpuscope import theme_files
 from gpuscope.core.leak import LeakThresholds
+from gpuscope.folders import config_dir
 
 ENV_CONFIG = "GPUSCOPE_CONFIG"
 SECTIONS = ("console", "service", "prometheus", "profiles", "slo", "alerts", "journal")
@@ -84,8 +85,7 @@ class ConfigError(Exception):
 def config_path(env: Mapping[str, str] = os.environ) -> Path:
     if env.get(ENV_CONFIG):
         return Path(env[ENV_CONFIG]).expanduser()
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "gpuscope" / "config.toml"
+    return config_dir(env) / "config.toml"
 
 
 @dataclass(frozen=True, slots=True)

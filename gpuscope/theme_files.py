@@ -23,6 +23,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+from gpuscope.folders import config_dir, state_dir
+
 DEFAULT_THEME = "gpuscope-dark"
 COLOUR_KEYS = (
     "primary", "secondary", "accent", "foreground", "background", "surface", "panel", "boost", "success", "warning",
@@ -68,13 +70,11 @@ def builtin_dir() -> Path:
 
 
 def user_dir(env: Mapping[str, str] = os.environ) -> Path:
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "gpuscope" / "themes"
+    return config_dir(env) / "themes"
 
 
 def remembered_path(env: Mapping[str, str] = os.environ) -> Path:
-    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "gpuscope" / "theme"
+    return state_dir(env) / "theme"
 
 
 def remembered(env: Mapping[str, str] = os.environ) -> str | None:

@@ -38,6 +38,7 @@ from gpuscope import __version__
 from gpuscope.core.codec import encode
 from gpuscope.core.model import Frame
 from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.folders import state_dir
 
 FORMAT = "gpuscope-session"
 SCHEMA = 1
@@ -54,11 +55,6 @@ CREATE TABLE IF NOT EXISTS serving(t REAL NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS events(t REAL NOT NULL, kind TEXT NOT NULL, data BLOB NOT NULL);
 """
 EVENT_KINDS = ("stacks", "hot-paths", "allocations", "diagnosis")
-
-
-def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "gpuscope"
 
 
 def sessions_dir() -> Path:

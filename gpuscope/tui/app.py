@@ -29,7 +29,8 @@ from gpuscope.core.model import Frame
 from gpuscope.config import SloConfig
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.serving import ServingSource
-from gpuscope.core.journal import Journal, describe, state_dir
+from gpuscope.core.journal import Journal, describe
+from gpuscope.folders import exports_dir
 from gpuscope.core.replay import parse_time
 from gpuscope.core.source import Source
 from gpuscope import theme_files
@@ -184,7 +185,7 @@ class GpuScopeApp(App):
     def _export_range(self, chosen: tuple[float | None, float | None] | None) -> None:
         if chosen is None:
             return
-        folder = state_dir() / "exports"
+        folder = exports_dir()
         target = folder / f"snapshot-{time.strftime('%Y%m%d-%H%M%S')}.gpuscope"
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -11,11 +11,9 @@ the stacks behind the suspects.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from rich.text import Text
 from textual import work
@@ -29,17 +27,13 @@ from textual.widgets.option_list import Option
 from gpuscope.core import allocations
 from gpuscope.core.atomic import write_private
 from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step, diagnose
+from gpuscope.folders import exports_dir
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
 
 HISTORY_S = 3600.0  # diagnose over up to the last hour the console recorded
 ATTRIBUTION_S = 10.0
 MARK = {OK: ("✔", "green"), WARN: ("!", "yellow"), ALERT: ("✖", "bold red"), SKIPPED: ("–", "dim")}
-
-
-def export_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "gpuscope" / "exports"
 
 
 class WizardScreen(Screen[None]):
@@ -215,7 +209,7 @@ class WizardScreen(Screen[None]):
             self.app.push_screen(AttributionScreen(att))
 
     def action_export(self) -> None:
-        folder = export_dir()
+        folder = exports_dir()
         stamp = time.strftime("%Y%m%d-%H%M%S")
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
