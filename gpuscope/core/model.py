@@ -161,6 +161,13 @@ class Alert:
     confidence: float
     reason: str
 
+    def subject(self, processes: tuple[ProcessRow, ...]) -> int | None:
+        """The process to diagnose: the alert's own, or for a filling GPU its fastest grower."""
+        if self.pid is not None:
+            return self.pid
+        rows = [r for r in processes if r.gpu == self.device and r.gpu_growth_bytes_per_s is not None]
+        return max(rows, key=lambda r: r.gpu_growth_bytes_per_s).pid if rows else None
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayPosition:

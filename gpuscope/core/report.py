@@ -32,11 +32,9 @@ def subject_pid(recording: Recording, frame: Frame) -> int | None:
     if diagnoses:
         return diagnoses[-1].value.pid
     for alert in frame.alerts:
-        if alert.pid is not None:
-            return alert.pid
-        rows = [r for r in frame.processes if r.gpu == alert.device and r.gpu_growth_bytes_per_s is not None]
-        if rows:
-            return max(rows, key=lambda r: r.gpu_growth_bytes_per_s).pid
+        pid = alert.subject(frame.processes)
+        if pid is not None:
+            return pid
     if recording.meta.get("pid"):
         return recording.meta["pid"]
     if frame.focus is not None:

@@ -286,11 +286,7 @@ class GpuScopeApp(App):
             self.push_screen(WizardScreen(pid))
 
     def on_alert_bar_open(self, message: AlertBar.Open) -> None:
-        alert = message.alert
-        pid = alert.pid
-        if pid is None and self.frame is not None:  # a device is filling: diagnose its fastest grower
-            rows = [r for r in self.frame.processes if r.gpu == alert.device and r.gpu_growth_bytes_per_s is not None]
-            pid = max(rows, key=lambda r: r.gpu_growth_bytes_per_s).pid if rows else None
+        pid = message.alert.subject(self.frame.processes if self.frame is not None else ())
         if pid is None:
             self.notify("no process on that GPU is growing", severity="warning")
             return
