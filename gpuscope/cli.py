@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from importlib import import_module
 
 from gpuscope import __version__
+from gpuscope.commands.output import add_output_arguments
 from gpuscope.errors import Failure, UsageError
 
 
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--job", metavar="J", help="with --prometheus: only this job label")
     diag.add_argument("--instance", metavar="I", help="with --prometheus: only this instance label")
     diag.add_argument("--json", action="store_true", help="the gpuscope.diagnosis/1 JSON object")
-    diag.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (mode 0600) instead of stdout")
+    add_output_arguments(diag, metavar="FILE", what="the report")
     diag.add_argument("--no-inject", action="store_true", help="never attach memray (nothing runs inside the process)")
 
     demo = sub.add_parser(
@@ -168,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="record the node for a while and write one snapshot file (headless export)",
         description=(
             "Record the node (and the process --pid, and the service) for S seconds without a console and write "
-            "one snapshot file (mode 0600, written atomically) for 'gpuscope replay' and 'gpuscope report'."
+            "one snapshot file (mode 0600, written atomically) for 'gpuscope replay' and 'gpuscope report'. "
+            "-o writes only a regular file, and replaces one only with --force."
         ),
     )
     snapshot.add_argument("--pid", type=_pid, help="the process to follow (its details and a stack dump go in)")
@@ -176,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = snapshot.add_mutually_exclusive_group()
     where.add_argument("--metrics-url", action="append", metavar="URL", help="the service's /metrics (repeatable)")
     where.add_argument("--prometheus", metavar="URL", help="a Prometheus server that scrapes the service")
-    snapshot.add_argument("-o", "--output", metavar="FILE", required=True, help="the snapshot file to write")
+    add_output_arguments(snapshot, metavar="FILE", what="the snapshot", required=True)
 
     replay = sub.add_parser(
         "replay",
@@ -192,10 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report",
         help="a Markdown incident report from a recording",
-        description="The verdict, the seven steps, the suspects with stacks, charts as text and the key numbers, as Markdown.",
+        description=(
+            "The verdict, the seven steps, the suspects with stacks, charts as text and the key numbers, as Markdown. "
+            "-o writes only a regular file, and replaces one only with --force."
+        ),
     )
     report.add_argument("file", metavar="FILE", help="the snapshot or journal")
-    report.add_argument("-o", "--output", metavar="FILE.md", help="write the report to this file (mode 0600) instead of stdout")
+    add_output_arguments(report, metavar="FILE.md", what="the report")
     return parser
 
 

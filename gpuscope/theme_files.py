@@ -23,6 +23,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+from gpuscope.core.atomic import RefusedPath, private_folder, read_regular, write_private
 from gpuscope.folders import config_dir, state_dir
 
 DEFAULT_THEME = "gpuscope-dark"
@@ -87,10 +88,11 @@ def remembered(env: Mapping[str, str] = os.environ) -> str | None:
 
 
 def remember(name: str, env: Mapping[str, str] = os.environ) -> None:
-    """Keep the console's choice for next time. Raises OSError when the state folder is not writable."""
+    """Keep the console's choice for next time. Raises OSError when the state folder is not writable
+    (or RefusedPath when it is not ours alone: see gpuscope.core.atomic.private_folder)."""
     path = remembered_path(env)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(name + "\n", encoding="utf-8")
+    private_folder(path.parent)
+    write_private(path, name + "\n", replace=True)
 
 
 def _colour(value: object, where: str) -> str:

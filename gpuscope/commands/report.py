@@ -6,13 +6,14 @@ import argparse
 import sys
 
 from gpuscope.cli import alert_thresholds
-from gpuscope.commands.output import deliver
+from gpuscope.commands.output import check_output, deliver
 from gpuscope.core.recording import RecordingError, open_recording
 from gpuscope.core.report import build_report
 from gpuscope.errors import Failure
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.output, args.force)
     try:
         recording = open_recording(args.file)
         text = build_report(recording, alert_thresholds(args))
@@ -20,5 +21,5 @@ def run(args: argparse.Namespace) -> int:
         raise Failure(str(exc)) from None
     if recording.damage:
         print(f"note: {recording.damage}", file=sys.stderr)
-    deliver(text, args.output)
+    deliver(text, args.output, args.force)
     return 0

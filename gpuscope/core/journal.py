@@ -26,6 +26,7 @@ import os
 import queue
 import socket
 import sqlite3
+import tempfile
 import threading
 import time
 import zlib
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope import __version__
+from gpuscope.core.atomic import check_target, private_folder, write_private
 from gpuscope.core.codec import encode
 from gpuscope.core.model import Frame
 from gpuscope.core.serving_model import ServingSnapshot
@@ -177,7 +179,7 @@ def connect(path: Path | str, *, create: bool = False) -> sqlite3.Connection:
     if create and str(path) != ":memory:":
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o600)  # before SQLite creates it with the umask
+        fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)  # before SQLite creates it with the umask
         os.close(fd)
     conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=5.0)
     return conn
@@ -240,17 +242,19 @@ class Journal:
             raise ValueError(f"unknown event kind {kind!r}")
         self._put(("event", (kind, value, time.time() if t is None else t)))
 
-    def export(self, target: Path, since: float | None = None, until: float | None = None) -> Future:
-        """Write the recording (or the part between `since` and `until`) as a snapshot file.
+    def export(self, target: Path, since: float | None = None, until: float | None = None, *,
+               replace: bool = False) -> Future:
+        """Write the recording (or the part between `since` and `until`) as a snapshot file (see
+        `export`: a regular file only, replaced only if `replace`).
 
         Runs on the writer thread, after everything queued before it; the Future gives the path
-        or raises OSError / sqlite3.Error with the reason."""
+        or raises OSError (RefusedPath among them) / sqlite3.Error with the reason."""
         done: Future = Future()
         if self._closed:
             done.set_exception(OSError("the session's journal is already closed"))
             return done
         try:
-            self._queue.put(("export", (Path(target), since, until, done)), timeout=5.0)
+            self._queue.put(("export", (Path(target), since, until, replace, done)), timeout=5.0)
         except queue.Full:
             done.set_exception(OSError("the journal is behind (the disk is slow); try again in a moment"))
         return done
@@ -347,11 +351,11 @@ class Journal:
         except (sqlite3.Error, OSError):
             pass
 
-    def _export(self, target: Path, since: float | None, until: float | None, done: Future) -> None:
+    def _export(self, target: Path, since: float | None, until: float | None, replace: bool, done: Future) -> None:
         if not done.set_running_or_notify_cancel():
             return
         try:
-            done.set_result(export(self._conn, target, since, until))
+            done.set_result(export(self._conn, target, since, until, replace=replace))
         except BaseException as exc:  # handed to whoever waits on the Future
             done.set_exception(exc)
 
@@ -397,58 +401,52 @@ def frame_records(conn: sqlite3.Connection, since: float | None = None, until: f
             yield t, data
 
 
-def export_file(source: Path, target: Path, since: float | None = None, until: float | None = None) -> Path:
+def export_file(source: Path, target: Path, since: float | None = None, until: float | None = None, *,
+                replace: bool = False) -> Path:
     """`export` from a session file (a replay's): read-only, so a snapshot on read-only media works."""
     conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=5.0)
     try:
-        return export(conn, target, since, until)
+        return export(conn, target, since, until, replace=replace)
     finally:
         conn.close()
 
 
-def export(conn: sqlite3.Connection, target: Path, since: float | None = None, until: float | None = None) -> Path:
-    """Copy a session (or a time range of it) into a new snapshot file, atomically and 0600."""
+def export(conn: sqlite3.Connection, target: Path, since: float | None = None, until: float | None = None, *,
+           replace: bool = False) -> Path:
+    """Copy a session (or a time range of it) into a new snapshot file, atomically and 0600.
+
+    `target` must be free, or a regular file and `replace` true (RefusedPath otherwise, before any
+    work). SQLite opens files by name, and the target's folder may be one another user can change,
+    so the snapshot is built in a private temporary folder and then copied into place."""
     target = Path(target)
-    folder = target.parent if str(target.parent) else Path(".")
-    tmp = folder / f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    check_target(target, replace=replace)
     meta = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
     meta.update(kind="snapshot", exported=time.time(), exported_by=__version__)
     if since is not None or until is not None:
         meta["range"] = [since, until]
-    out = None
-    try:
-        out = connect(tmp, create=True)
-        out.execute("PRAGMA journal_mode=OFF")  # a new file renamed into place: no journal needed
-        initialise(out, meta, wal=False)
-        out.execute("BEGIN")
-        deltas = FrameDeltas()
-        for t, data in frame_records(conn, since, until):
-            keyframe, record = deltas.record_encoded(data)
-            out.execute("INSERT INTO frames VALUES (?, ?, ?)", (t, int(keyframe), pack(record)))
-        low = since if since is not None else float("-inf")
-        high = until if until is not None else float("inf")
-        out.executemany("INSERT INTO serving VALUES (?, ?)",
-                        conn.execute("SELECT t, data FROM serving WHERE t >= ? AND t <= ? ORDER BY rowid", (low, high)))
-        out.executemany("INSERT INTO events VALUES (?, ?, ?)",
-                        conn.execute("SELECT t, kind, data FROM events WHERE t >= ? AND t <= ? ORDER BY rowid", (low, high)))
-        out.execute("COMMIT")
-        out.execute("VACUUM")
-        out.close()
-        out = None
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, target)
-    except BaseException:
-        if out is not None:
+    with tempfile.TemporaryDirectory(prefix="gpuscope-export-") as work:
+        built = Path(work) / f"snapshot{SUFFIX}"
+        out = connect(built, create=True)
+        try:
+            out.execute("PRAGMA journal_mode=OFF")  # a file copied into place once done: no journal needed
+            initialise(out, meta, wal=False)
+            out.execute("BEGIN")
+            deltas = FrameDeltas()
+            for t, data in frame_records(conn, since, until):
+                keyframe, record = deltas.record_encoded(data)
+                out.execute("INSERT INTO frames VALUES (?, ?, ?)", (t, int(keyframe), pack(record)))
+            low = since if since is not None else float("-inf")
+            high = until if until is not None else float("inf")
+            out.executemany("INSERT INTO serving VALUES (?, ?)",
+                            conn.execute("SELECT t, data FROM serving WHERE t >= ? AND t <= ? ORDER BY rowid", (low, high)))
+            out.executemany("INSERT INTO events VALUES (?, ?, ?)",
+                            conn.execute("SELECT t, kind, data FROM events WHERE t >= ? AND t <= ? ORDER BY rowid", (low, high)))
+            out.execute("COMMIT")
+            out.execute("VACUUM")
+        finally:
             out.close()
-        for leftover in (tmp, Path(f"{tmp}-journal")):
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
-        raise
-    return target
+        with open(built, "rb") as snapshot:
+            return write_private(target, snapshot, replace=replace)
 
 
 # -- the console's session journal ---------------------------------------------------------------
@@ -499,7 +497,7 @@ def open_session_journal(*, enabled: bool, keep_days: float, max_mb: float, meta
     folder = sessions_dir()
     max_bytes = max_mb * 1024 * 1024
     try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_folder(folder)  # never another user's folder, nor through another user's link
         prune(folder, keep_days, max_bytes)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = folder / f"{stamp}-{socket.gethostname()}-{os.getpid()}{SUFFIX}"

@@ -30,7 +30,6 @@ from gpuscope.config import SloConfig
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.serving import ServingSource
 from gpuscope.core.journal import Journal, describe
-from gpuscope.folders import exports_dir
 from gpuscope.core.replay import parse_time
 from gpuscope.core.source import Source
 from gpuscope import theme_files
@@ -45,7 +44,7 @@ from gpuscope.tui.processes import SORTS, ProcessTable
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 from gpuscope.tui.textlines import TextLines
-from gpuscope.tui.export import ExportScreen
+from gpuscope.tui.export import ExportScreen, export_target
 from gpuscope.tui.timeline import JumpScreen, Timeline
 from gpuscope.tui.wizard import WizardScreen
 
@@ -185,10 +184,8 @@ class GpuScopeApp(App):
     def _export_range(self, chosen: tuple[float | None, float | None] | None) -> None:
         if chosen is None:
             return
-        folder = exports_dir()
-        target = folder / f"snapshot-{time.strftime('%Y%m%d-%H%M%S')}.gpuscope"
         try:
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            target = export_target()
         except OSError as exc:
             self.notify(f"export failed: {exc.strerror or exc}", severity="error")
             return

@@ -1,6 +1,10 @@
-"""`e`: which part of the session goes into the snapshot file."""
+"""`e`: which part of the session goes into the snapshot file, and where that file goes."""
 
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -8,7 +12,22 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from gpuscope.core.atomic import private_folder
+from gpuscope.folders import exports_dir
+
 LAST_S = 600.0  # "the last ten minutes"
+
+
+def export_target() -> Path:
+    """A new file name in the exports folder, which is made 0700 and must be ours alone (no other
+    user's folder or link on the way: see gpuscope.core.atomic.private_folder). OSError if not."""
+    folder = private_folder(exports_dir())
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = folder / f"snapshot-{stamp}.gpuscope", 1
+    while os.path.lexists(target):  # two exports in one second; the write itself never replaces a file
+        n += 1
+        target = folder / f"snapshot-{stamp}-{n}.gpuscope"
+    return target
 
 
 class ExportScreen(ModalScreen[tuple[float | None, float | None] | None]):

@@ -25,7 +25,7 @@ from textual.widgets import Footer, OptionList
 from textual.widgets.option_list import Option
 
 from gpuscope.core import allocations
-from gpuscope.core.atomic import write_private
+from gpuscope.core.atomic import private_folder, write_private
 from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step, diagnose
 from gpuscope.folders import exports_dir
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
@@ -209,12 +209,12 @@ class WizardScreen(Screen[None]):
             self.app.push_screen(AttributionScreen(att))
 
     def action_export(self) -> None:
-        folder = exports_dir()
         stamp = time.strftime("%Y%m%d-%H%M%S")
         try:
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            json_path = write_private(folder / f"diagnosis-{self.pid}-{stamp}.json", json.dumps(self.diagnosis.to_json(), indent=1))
-            write_private(folder / f"diagnosis-{self.pid}-{stamp}.md", self.diagnosis.to_text())
+            folder = private_folder(exports_dir())  # ours alone: no other user's folder or link on the way
+            json_path = write_private(folder / f"diagnosis-{self.pid}-{stamp}.json", json.dumps(self.diagnosis.to_json(), indent=1),
+                                      replace=True)
+            write_private(folder / f"diagnosis-{self.pid}-{stamp}.md", self.diagnosis.to_text(), replace=True)
         except OSError as exc:
             self.app.notify(f"export failed: {exc.strerror or exc}", severity="error")
             return
