@@ -1,8 +1,12 @@
-"""`gpuscope replay FILE`: the console over a journal or a snapshot, with a time cursor."""
+"""`gpuscope replay FILE`: the console over a journal or a snapshot, with a time cursor.
+
+Damaged records of the file are skipped; how many is a notice in the console and a line on
+standard error."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from gpuscope.cli import console_settings, terminal_check
 from gpuscope.core.recording import RecordingError, open_recording
@@ -16,6 +20,8 @@ def run(args: argparse.Namespace) -> int:
     except RecordingError as exc:
         raise Failure(str(exc)) from None
     terminal_check()
+    if recording.damage:
+        print(f"note: {recording.damage}", file=sys.stderr)
     from gpuscope.core.replay import ReplaySource
     from gpuscope.tui.app import GpuScopeApp
 

@@ -1,4 +1,7 @@
-"""`gpuscope report FILE [-o FILE.md]`: the incident report of a snapshot or journal."""
+"""`gpuscope report FILE [-o FILE.md [--force]]`: the incident report of a snapshot or journal.
+
+Damaged records of the file are left out of the report; how many is said on standard error and
+in the report's header."""
 
 from __future__ import annotations
 

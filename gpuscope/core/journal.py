@@ -67,8 +67,34 @@ def pack(value: Any) -> bytes:
     return zlib.compress(json.dumps(value, separators=(",", ":"), allow_nan=False).encode(), 6)
 
 
+# A record inflates to at most this much: a keyframe of thousands of processes, or a stack dump
+# of hundreds of threads, is far smaller; a crafted record that inflates to gigabytes is damage.
+MAX_RECORD_BYTES = 16 * 2**20
+
+
 def unpack(blob: bytes) -> Any:
-    return json.loads(zlib.decompress(blob))
+    """A record back as JSON values. ValueError when it is not one: not zlib'd JSON, larger than
+    MAX_RECORD_BYTES once inflated, nested past what a reader can follow, or holding NaN/Infinity."""
+    if not isinstance(blob, bytes):
+        raise ValueError(f"a record is {type(blob).__name__}, not bytes")
+    inflate = zlib.decompressobj()
+    try:
+        text = inflate.decompress(blob, MAX_RECORD_BYTES)
+    except zlib.error as exc:
+        raise ValueError(f"not a compressed record ({exc})") from None
+    if inflate.unconsumed_tail:
+        raise ValueError(f"a record larger than {MAX_RECORD_BYTES // 2**20} MiB once inflated")
+    if not inflate.eof:
+        raise ValueError("a record cut short")
+    try:
+        return json.loads(text, parse_constant=reject_constant)
+    except RecursionError:
+        raise ValueError("a record nested too deeply") from None
+
+
+def reject_constant(name: str) -> Any:
+    """For json.loads: NaN and Infinity are not JSON, and gpuscope never writes them."""
+    raise ValueError(f"{name} in a record (gpuscope never writes it)")
 
 
 # -- frames as keyframes and deltas ------------------------------------------------------------
@@ -129,6 +155,9 @@ class FrameRebuilder:
         self.rows: dict[str, dict] = {}
 
     def apply(self, keyframe: bool, data: dict) -> dict:
+        """The whole frame after this record. ValueError when the record is not one FrameDeltas
+        writes (then this rebuilder is unchanged: wait for the next keyframe)."""
+        _check_record(keyframe, data)
         data = dict(data)
         if keyframe:
             self.rows = {row_key(r): r for r in data.pop("processes", [])}
@@ -146,10 +175,34 @@ class FrameRebuilder:
                         merged.pop(f, None)
                     rows[key] = merged
             order = data.pop("order", None)
+            if order and set(order) != set(rows):
+                raise ValueError("not a frame record: its order names other rows than it has")
             self.rows = {k: rows[k] for k in order} if order else rows
         data["processes"] = list(self.rows.values())
         return data
 
+
+def _check_record(keyframe: bool, data: Any) -> None:
+    """The shape of a frame record (what its fields hold is for the codec to judge)."""
+    def fail(what: str):
+        raise ValueError(f"not a frame record: {what}")
+
+    if not isinstance(data, dict):
+        fail("not an object")
+    if keyframe:
+        rows = data.get("processes", [])
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "pid" in r for r in rows):
+            fail("processes is not a list of rows")
+        return
+    rows = data.get("rows", {})
+    if not isinstance(rows, dict) or not all(isinstance(d, dict) for d in rows.values()):
+        fail("rows is not an object of rows")
+    if not all(isinstance(d.get("~", []), list) and all(isinstance(f, str) for f in d.get("~", [])) for d in rows.values()):
+        fail("a row's unset fields are not a list of names")
+    for name in ("gone", "order"):
+        keys = data.get(name, [])
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            fail(f"{name} is not a list of row keys")
 
 
 def without_locals(value: Any) -> Any:

@@ -4,23 +4,35 @@ What replay and report share. A file that is not a recording, is empty, comes fr
 gpuscope or cannot be read at all is one `RecordingError` line; a file that was cut short (a
 journal whose recording was killed, a truncated copy) gives what could be read, and says how
 much was lost in `damage`.
+
+Anyone may have written the file, so every record is checked on the way in, field by field
+(gpuscope.core.codec's types, and FIELD_CHECKS by name): a record that does not hold what gpuscope writes
+(a device without its index, a string where a number belongs, a time that is not a time, a PID
+that is not a positive whole number, a record that inflates past its limit) is skipped and
+counted in `damage` ("skipped 3 damaged records (...)"). What replay and report are given has
+passed those checks, so they never meet a value that crashes them.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import math
+import os
 import sqlite3
-import zlib
+import stat
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gpuscope.core import journal
 from gpuscope.core.allocations import Attribution
-from gpuscope.core.codec import DecodeError, decode
+from gpuscope.core.atomic import kind_of
+from gpuscope.core.codec import DecodeError, Decoder
 from gpuscope.core.diagnosis import Diagnosis
-from gpuscope.core.model import Frame, MemorySeries
+from gpuscope.core.model import Frame, MemorySeries, ProcessRow
 from gpuscope.core.serving_model import ServingSnapshot, SignalPoint
 from gpuscope.core.stacks import StackDump, StackSample
 
@@ -34,6 +46,41 @@ EVENT_TYPES: dict[str, type] = {
 
 class RecordingError(Exception):
     """The file cannot be replayed; the message is one line for a person."""
+
+
+# -- what a value may be ---------------------------------------------------------------------------
+
+MAX_TIME = 1e10  # seconds since the epoch, the year 2286: a later "time" is damage, not a recording
+PID_LIMIT = 2**31  # Linux PIDs stay below 2**22; a larger one is not a PID
+INDEX_LIMIT = 2**16  # GPU indexes
+
+
+def is_time(t: Any) -> bool:
+    """A wall-clock time: a finite number of seconds from 1970 to MAX_TIME."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= MAX_TIME
+
+
+def _numbers_in(low: float, high: float) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return True  # the name means something else in this class (Evidence.gpu is a series)
+        return low <= value < high
+
+    return check
+
+
+# Fields whose names say what they hold, in whatever recorded class they are: checked on reading.
+FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
+    **dict.fromkeys(("time", "as_of", "create_time"), is_time),  # wall-clock times
+    **dict.fromkeys(("pid", "selected_pid"), _numbers_in(1, PID_LIMIT)),
+    **dict.fromkeys(("index", "device", "gpu"), _numbers_in(0, INDEX_LIMIT)),  # GPU indexes
+}
+READER = Decoder(FIELD_CHECKS)
+
+
+def checked(cls: type, data: Any):
+    """`data` decoded into `cls`, every field checked by its type and FIELD_CHECKS (DecodeError if not)."""
+    return READER.decode(cls, data)
 
 
 @dataclass
@@ -55,13 +102,13 @@ class Event:
 class Recording:
     """A session file, loaded: frame times, every process's memory series, serving, events."""
 
-    def __init__(self, path: Path, meta: dict, records: list[tuple[float, bool, bytes]], serving: list[ServingSnapshot],
-                 events: list[Event], damage: str | None) -> None:
+    def __init__(self, path: Path, meta: dict, records: list[tuple], serving: list[ServingSnapshot],
+                 events: list[Event], *, cut_short: str | None = None, skipped: Counter | None = None) -> None:
         self.path = path
         self.meta = meta
         self.kind = meta.get("kind", "journal")
         self.hostname = meta.get("hostname", "?")
-        self.damage = damage
+        self.skipped: Counter = Counter(skipped or {})  # damaged records left out, by table
         self.serving = serving
         self.events = events
         self.times: list[float] = []
@@ -72,31 +119,34 @@ class Recording:
         self._cursor: tuple[int, journal.FrameRebuilder, dict] | None = None  # the last frame rebuilt
         self._load(records)
         self._serving_times = [s.time for s in serving]
+        self.damage = describe_damage(cut_short, self.skipped)
 
     # -- loading ---------------------------------------------------------------------------------
 
-    def _load(self, records: list[tuple[float, bool, bytes]]) -> None:
+    def _load(self, records: list[tuple]) -> None:
         rebuild = journal.FrameRebuilder()
         started = False
-        lost = 0
         for t, keyframe, blob in records:
-            if not started and not keyframe:
-                lost += 1  # deltas with no keyframe before them (the start was cut off)
+            if not started and keyframe != 1:
+                self.skipped["frames"] += 1  # deltas with no keyframe before them (the start was cut off, or damaged)
                 continue
             try:
-                data = rebuild.apply(keyframe, journal.unpack(blob))
-            except (zlib.error, ValueError, KeyError, TypeError):
-                lost += 1
-                started = False  # wait for the next keyframe
+                if not is_time(t) or keyframe not in (0, 1):
+                    raise ValueError("not a frame row")
+                record = journal.unpack(blob)
+                data = rebuild.apply(keyframe == 1, record)
+                _check_frame(data, record, rebuild, keyframe == 1)
+            except ValueError:  # DecodeError among them
+                self.skipped["frames"] += 1
+                started = False  # deltas need what came before them: wait for the next keyframe
+                rebuild = journal.FrameRebuilder()
                 continue
             started = True
             self.times.append(t)
-            self._records.append((keyframe, blob))
-            if keyframe:
+            self._records.append((keyframe == 1, blob))
+            if keyframe == 1:
                 self._keyframes.append(len(self.times) - 1)
             self._index(t, data)
-        if lost and self.damage is None:
-            self.damage = f"{lost} damaged frame record{'s' if lost != 1 else ''} skipped"
 
     def _index(self, t: float, data: dict) -> None:
         self.hostname = data.get("hostname", self.hostname)  # the node's own name, as its frames say
@@ -145,7 +195,7 @@ class Recording:
         """Frame `i` as it was recorded (its chart is left to the reader: see `history`)."""
         data = self._rebuild(i)
         try:
-            return decode(Frame, data)
+            return checked(Frame, data)
         except DecodeError as exc:
             raise RecordingError(f"{self.path}: frame {i} cannot be read ({exc})") from None
 
@@ -159,7 +209,7 @@ class Recording:
         while at < i:
             at += 1
             keyframe, blob = self._records[at]
-            data = rebuild.apply(keyframe, journal.unpack(blob))
+            data = rebuild.apply(keyframe, journal.unpack(blob))  # checked when the file was opened
         self._cursor = (i, rebuild, data)
         return data
 
@@ -212,42 +262,67 @@ def open_recording(path: str | Path) -> Recording:
     """Load a journal or a snapshot; RecordingError (one line) when it cannot be replayed."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except FileNotFoundError:
         raise RecordingError(f"{path}: no such file") from None
     except OSError as exc:
         raise RecordingError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    if path.is_dir():
+    if stat.S_ISDIR(st.st_mode):
         raise RecordingError(f"{path}: is a folder, not a gpuscope snapshot or journal")
-    if size == 0:
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read; a device is never a recording
+        raise RecordingError(f"{path}: is {kind_of(st.st_mode)}, not a gpuscope snapshot or journal")
+    if st.st_size == 0:
         raise RecordingError(f"{path}: the file is empty; it is not a gpuscope snapshot or journal")
-    with open(path, "rb") as f:
-        if f.read(16) != b"SQLite format 3\x00":
-            raise RecordingError(f"{path}: not a gpuscope snapshot or journal")
-    conn = _connect(path)
     try:
-        meta = _meta(conn, path)
-        damage = None
-        records, problem = _rows(conn, "SELECT t, keyframe, data FROM frames ORDER BY rowid")
-        damage = problem
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            header = f.read(16)
+    except OSError as exc:
+        raise RecordingError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    if header != b"SQLite format 3\x00":
+        raise RecordingError(f"{path}: not a gpuscope snapshot or journal")
+    conn = _connect(path)
+    skipped: Counter = Counter()
+    try:
+        _check_tables(conn, path)
+        meta = _meta(conn, path, skipped)
+        records, cut_short = _rows(conn, "SELECT t, keyframe, data FROM frames ORDER BY rowid")
         serving_rows, problem = _rows(conn, "SELECT t, data FROM serving ORDER BY rowid")
-        damage = damage or problem
+        cut_short = cut_short or problem
         event_rows, problem = _rows(conn, "SELECT t, kind, data FROM events ORDER BY rowid")
-        damage = damage or problem
+        cut_short = cut_short or problem
     finally:
         conn.close()
-    serving = [s for s in (_decoded(ServingSnapshot, blob) for _, blob in serving_rows) if s is not None]
+    serving = []
+    for _, blob in serving_rows:
+        snapshot = _decoded(ServingSnapshot, blob)
+        if snapshot is None:
+            skipped["serving"] += 1
+        else:
+            serving.append(snapshot)
     events = []
     for t, kind, blob in event_rows:
-        cls = EVENT_TYPES.get(kind)
-        value = _decoded(cls, blob) if cls else None
-        if value is not None:
+        cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+        value = _decoded(cls, blob) if cls and is_time(t) else None
+        if value is None:
+            skipped["events"] += 1
+        else:
             events.append(Event(t, kind, value))
-    recording = Recording(path, meta, [(t, bool(k), bytes(d)) for t, k, d in records], serving, events, damage)
+    recording = Recording(path, meta, records, serving, events, cut_short=cut_short, skipped=skipped)
     if not len(recording):
         reason = f" ({recording.damage})" if recording.damage else ""
         raise RecordingError(f"{path}: nothing was recorded in it that can be replayed{reason}")
     return recording
+
+
+def describe_damage(cut_short: str | None, skipped: Counter) -> str | None:
+    """What could not be read, in one line (None: nothing was lost)."""
+    parts = [cut_short] if cut_short else []
+    total = sum(skipped.values())
+    if total:
+        detail = ", ".join(f"{table} {n}" for table, n in skipped.items() if n)
+        parts.append(f"skipped {total} damaged record{'s' if total != 1 else ''} ({detail})")
+    return "; ".join(parts) or None
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -269,13 +344,58 @@ def _connect(path: Path) -> sqlite3.Connection:
         raise RecordingError(f"{path}: cannot be read as a gpuscope snapshot or journal ({exc})") from None
 
 
-def _meta(conn: sqlite3.Connection, path: Path) -> dict:
+TABLES = ("meta", "frames", "serving", "events")
+
+
+def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
+    """The four tables are tables: a view (which could yield rows without end) is not a recording."""
     try:
-        meta = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
-    except (sqlite3.Error, ValueError) as exc:
-        if "no such table" in str(exc):
-            raise RecordingError(f"{path}: an SQLite file, but not a gpuscope snapshot or journal") from None
+        found = {name: sql for name, sql in conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?, ?)", TABLES)}
+    except sqlite3.Error as exc:
         raise RecordingError(f"{path}: damaged beyond reading ({exc})") from None
+    if "meta" not in found:
+        raise RecordingError(f"{path}: an SQLite file, but not a gpuscope snapshot or journal")
+    for name in TABLES:
+        if not isinstance(found.get(name), str) or not found[name].upper().startswith("CREATE TABLE"):
+            raise RecordingError(f"{path}: damaged: it has no {name} table as gpuscope writes it")
+
+
+# What the metadata may hold, key by key; a value that is not that is left out (and counted).
+META_CHECKS = {
+    "format": lambda v: isinstance(v, str),
+    "schema": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "kind": lambda v: v in ("journal", "snapshot"),
+    "hostname": lambda v: isinstance(v, str),
+    "gpuscope_version": lambda v: isinstance(v, str),
+    "exported_by": lambda v: isinstance(v, str),
+    "pid": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 < v < PID_LIMIT,
+    "started": is_time,
+    "exported": is_time,
+    "interval_s": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e6,
+    "range": lambda v: isinstance(v, list) and len(v) == 2 and all(t is None or is_time(t) for t in v),
+}
+
+
+def _meta(conn: sqlite3.Connection, path: Path, skipped: Counter) -> dict:
+    meta = {}
+    try:
+        rows = conn.execute("SELECT key, value FROM meta").fetchall()
+    except sqlite3.Error as exc:
+        raise RecordingError(f"{path}: damaged beyond reading ({exc})") from None
+    for key, text in rows:
+        try:
+            if not isinstance(key, str) or not isinstance(text, str):
+                raise ValueError("not text")
+            value = json.loads(text, parse_constant=journal.reject_constant)
+        except (ValueError, RecursionError):
+            skipped["meta"] += 1
+            continue
+        check = META_CHECKS.get(key)
+        if check is not None and not check(value):
+            skipped["meta"] += 1
+            continue
+        meta[key] = value
     if meta.get("format") != journal.FORMAT:
         raise RecordingError(f"{path}: an SQLite file, but not a gpuscope snapshot or journal")
     schema = meta.get("schema")
@@ -301,7 +421,19 @@ def _rows(conn: sqlite3.Connection, query: str) -> tuple[list[tuple], str | None
 
 
 def _decoded(cls: type, blob: bytes):
+    """The record `blob` as a checked `cls`, or None when it is damaged."""
     try:
-        return decode(cls, journal.unpack(blob))
-    except (zlib.error, ValueError, DecodeError, TypeError):
+        return checked(cls, journal.unpack(blob))
+    except ValueError:  # DecodeError among them
         return None
+
+
+def _check_frame(data: dict, record: dict, rebuild: journal.FrameRebuilder, keyframe: bool) -> None:
+    """ValueError unless the rebuilt frame `data` decodes into a Frame that passes the checks.
+
+    Only the rows this record changed are decoded (the others passed when they last changed),
+    so opening an hour of a busy node costs little more than reading it."""
+    checked(Frame, {**data, "processes": []})
+    changed = rebuild.rows if keyframe else {k: rebuild.rows[k] for k in record.get("rows", {}) if k in rebuild.rows}
+    for row in changed.values():
+        checked(ProcessRow, row)

@@ -3,6 +3,7 @@
 The console cannot tell the difference except by what the frames say (`source="replay"` and a
 `replay` position): the same panels, charts rebuilt from the recorded series, the service's
 recorded signals, and the stacks, allocation sites and diagnoses recorded with the session.
+What could not be read of the file (damaged records skipped) is a notice on every frame.
 A time cursor plays, pauses, steps, jumps and changes speed; a thread moves it while playing.
 """
 
@@ -179,7 +180,9 @@ class ReplaySource:
         if self._focus is not None:
             focus = frame.focus if frame.focus and frame.focus.pid == self._focus else _detail_from_rows(frame, self._focus)
         chart = rec.history(self._selected, CHART_WINDOW_S, frame.time) if self._selected is not None else None
-        self._on_frame(replace(frame, source="replay", focus=focus, selected_pid=self._selected, chart=chart, replay=position))
+        notices = (*frame.notices, f"{rec.path.name}: {rec.damage}") if rec.damage else frame.notices
+        self._on_frame(replace(frame, source="replay", focus=focus, selected_pid=self._selected, chart=chart, replay=position,
+                               notices=notices))
         if self._on_serving is not None:
             snapshot = rec.serving_at(frame.time)
             if snapshot is not None and snapshot is not self._last_serving:

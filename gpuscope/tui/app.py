@@ -66,6 +66,13 @@ class GpuScopeApp(App):
     CSS_PATH = "gpuscope.tcss"
     TITLE = "gpuscope"
     ENABLE_COMMAND_PALETTE = True
+
+    def _fatal_error(self) -> None:
+        # Textual's own shows every frame's local variables: data from other users' processes
+        # and from recordings anyone may have written is among them. The code path is enough.
+        from rich.traceback import Traceback
+
+        self.panic(Traceback(show_locals=False, width=None))
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in htop: Ctrl-C ends it
