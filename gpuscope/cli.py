@@ -7,6 +7,7 @@ console's modules are imported only once it is certain a console will start.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+PID_LIMIT = 2**31  # Linux PIDs stay below 2**22
+
+
 def _pid(text: str) -> int:
     try:
         pid = int(text)
@@ -29,30 +33,48 @@ def _pid(text: str) -> int:
         raise argparse.ArgumentTypeError(f"PID must be a whole number, not {text!r}") from None
     if pid <= 0:
         raise argparse.ArgumentTypeError(f"PID must be positive, not {pid}")
+    if pid >= PID_LIMIT:
+        raise argparse.ArgumentTypeError(f"PID must be below {PID_LIMIT}, not {text}")
     return pid
 
 
-def _seconds(minimum: float):
+DAY_S = 86400.0
+
+
+def _seconds(minimum: float, maximum: float):
+    """A number of seconds in [minimum, maximum]: an hour-long or endless wait is a typo, not a wish."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-        if not value >= minimum or value == float("inf"):
+        if not value >= minimum:  # NaN too
             raise argparse.ArgumentTypeError(f"must be at least {minimum:g} seconds, not {text}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g} seconds, not {text}")
         return value
 
     return parse
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def _refresh(text: str) -> float:
+    """--refresh: the same rule as console.refresh_s in the settings file."""
+    from gpuscope.config import check_refresh
+
+    return check_refresh(text, argparse.ArgumentTypeError)
+
+
+def _count(maximum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+        if not 1 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be from 1 to {maximum}, not {value}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
     parser.add_argument("--pid", type=_pid, help="attach to this process: the console focuses on it")
     parser.add_argument(
-        "--refresh", type=_seconds(0.25), metavar="SECONDS", help="seconds between samples (default 1, or the config file's)"
+        "--refresh", type=_refresh, metavar="SECONDS", help="seconds between samples (default 1, or the config file's)"
     )
     parser.add_argument("--theme", metavar="NAME", help="colour theme (default: the last one chosen, else gpuscope-dark)")
     parser.add_argument("--config", metavar="FILE", help="settings file (default $GPUSCOPE_CONFIG, else ~/.config/gpuscope/config.toml)")
@@ -93,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--job", metavar="J", help="with --prometheus: only this job label")
     metrics.add_argument("--instance", metavar="I", help="with --prometheus: only this instance label")
     metrics.add_argument(
-        "--window", type=_seconds(0.0), default=30.0, metavar="SECONDS",
+        "--window", type=_seconds(0.0, 7 * DAY_S), default=30.0, metavar="SECONDS",
         help="rate and quantile window (default 30; 0: quantiles over the cumulative buckets of one scrape)",
     )
     metrics.add_argument("--json", action="store_true", help="the gpuscope.metrics/1 JSON object")
@@ -104,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stack dumps of a running Python process through py-spy (one, or N samples aggregated).",
     )
     stacks.add_argument("--pid", type=_pid, required=True, help="the process")
-    stacks.add_argument("--samples", type=_count, default=1, metavar="N", help="dumps to take and aggregate (default 1)")
-    stacks.add_argument("--interval", type=_seconds(0.01), default=0.2, metavar="S", help="seconds between dumps (default 0.2)")
+    stacks.add_argument("--samples", type=_count(10000), default=1, metavar="N", help="dumps to take and aggregate (default 1)")
+    stacks.add_argument("--interval", type=_seconds(0.01, 60.0), default=0.2, metavar="S", help="seconds between dumps (default 0.2)")
     stacks.add_argument("--native", action="store_true", help="include native (C/C++) frames")
     stacks.add_argument("--locals", action="store_true", help="include local variables (they can hold secrets)")
     stacks.add_argument("--json", action="store_true", help="JSON output")
@@ -116,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch a process, its GPU and its service, find what grows and the code that allocates it.",
     )
     diag.add_argument("--pid", type=_pid, required=True, help="the process")
-    diag.add_argument("--duration", type=_seconds(5.0), default=30.0, metavar="S", help="seconds to watch (default 30)")
+    diag.add_argument("--duration", type=_seconds(5.0, DAY_S), default=30.0, metavar="S", help="seconds to watch (default 30)")
     where = diag.add_mutually_exclusive_group()
     where.add_argument("--metrics-url", action="append", metavar="URL", help="the service's /metrics (repeatable)")
     where.add_argument("--prometheus", metavar="URL", help="a Prometheus server that scrapes the service")
@@ -133,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--headless", action="store_true", help="no console: print what it would tell")
     demo.add_argument(
-        "--duration", type=_seconds(1.0), default=20.0, metavar="S", help="seconds to watch when headless (default 20)"
+        "--duration", type=_seconds(1.0, DAY_S), default=20.0, metavar="S", help="seconds to watch when headless (default 20)"
     )
     demo.add_argument("--json", action="store_true", help="with --headless: print JSON")
 
@@ -174,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     snapshot.add_argument("--pid", type=_pid, help="the process to follow (its details and a stack dump go in)")
-    snapshot.add_argument("--duration", type=_seconds(1.0), default=10.0, metavar="S", help="seconds to record (default 10)")
+    snapshot.add_argument("--duration", type=_seconds(1.0, DAY_S), default=10.0, metavar="S", help="seconds to record (default 10)")
     where = snapshot.add_mutually_exclusive_group()
     where.add_argument("--metrics-url", action="append", metavar="URL", help="the service's /metrics (repeatable)")
     where.add_argument("--prometheus", metavar="URL", help="a Prometheus server that scrapes the service")
@@ -212,16 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        if args.theme is not None:
-            theme_check(args.theme)
-        if args.command in COMMAND_MODULES:
-            # Imported only when used: a command's module (and what it needs) never slows the others.
-            return import_module(f"gpuscope.commands.{args.command}").run(args)
-        if args.command == "demo":
-            from gpuscope.demo.run import run_demo
-
-            return run_demo(args)
-        return cmd_console(args)
+        status = _dispatch(args)
+        sys.stdout.flush()  # a full disk under `> FILE` is found here, while there is still a way to say so
+        return status
     except UsageError as exc:
         print(f"gpuscope: {exc}", file=sys.stderr)
         return 2
@@ -234,6 +249,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `gpuscope ps | head`: the reader left; nothing more to say.
         sys.stderr.close()
         return 0
+    except OSError as exc:  # standard output on a full disk (ENOSPC) or a failing device (EIO), ...
+        print(f"gpuscope: {_os_failure(exc)}", file=sys.stderr)
+        return 1
+    except (RecursionError, OverflowError, MemoryError) as exc:  # input past what gpuscope can hold
+        print(f"gpuscope: cannot go on: {type(exc).__name__} ({exc})", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.theme is not None:
+        theme_check(args.theme)
+    if args.command in COMMAND_MODULES:
+        # Imported only when used: a command's module (and what it needs) never slows the others.
+        return import_module(f"gpuscope.commands.{args.command}").run(args)
+    if args.command == "demo":
+        from gpuscope.demo.run import run_demo
+
+        return run_demo(args)
+    return cmd_console(args)
+
+
+def _os_failure(exc: OSError) -> str:
+    """One line for an OSError nothing else caught; standard output, if it is what failed, is set
+    aside (to /dev/null) so that the exit does not try to write it again and print a traceback."""
+    reason = exc.strerror or str(exc)
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return f"cannot write the output: {reason}"
+    if exc.filename:
+        return f"{exc.filename}: {reason}"
+    if exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG):
+        return f"cannot write the output: {reason}"
+    return reason
 
 
 def attach_check(pid: int) -> None:

@@ -44,6 +44,8 @@ same as an empty one.
     max_mb = 512                      # ... and the oldest go first past this total
 
 A bad file is one `ConfigError` line naming the file, the line when it is known, and the key.
+The file must be a regular file (a link to one is fine) of at most 1 MiB: a FIFO, a device such
+as /dev/zero, or TOML nested past what the parser can follow is refused with one line, at once.
 Sections are checked here; what a section's keys mean is checked by the module that uses them
 (profiles by gpuscope.core.profiles), through `Config.error()` so every message looks the same.
 New settings: add their section to `SECTIONS` and a reader for it. `resolve()` joins the file
@@ -54,6 +56,7 @@ No UI imports; secrets are never part of a repr or a message.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -68,6 +71,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpuscope import theme_files
+from gpuscope.core.atomic import RefusedPath, read_regular
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.folders import config_dir
 
@@ -76,6 +80,8 @@ SECTIONS = ("console", "service", "prometheus", "profiles", "slo", "alerts", "jo
 PROMETHEUS_KEYS = ("url", "token", "user", "password", "job", "instance")
 SECRET_KEYS = frozenset({"prometheus.token", "prometheus.password"})
 MIN_REFRESH_S = 0.25
+MAX_REFRESH_S = 3600.0
+MAX_FILE_BYTES = 2**20  # a settings file is a few hundred bytes; more is not one
 
 
 class ConfigError(Exception):
@@ -196,17 +202,19 @@ def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -
     given_by = "--config" if path is not None else ENV_CONFIG if env.get(ENV_CONFIG) else None
     path = path or config_path(env)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, MAX_FILE_BYTES).decode("utf-8")
     except FileNotFoundError:
         if given_by:
             raise ConfigError(f"{path}: no such configuration file (set by {given_by})") from None
         return Config()
+    except RefusedPath as exc:
+        raise ConfigError(f"cannot use the configuration file: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(f"{path}: cannot read the configuration file: {reason}") from None
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = parse_toml(text)
+    except ValueError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
     shell = Config(path=path, text=text)
@@ -228,6 +236,19 @@ def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -
     )
 
 
+def parse_toml(text: str) -> dict[str, Any]:
+    """TOML, or ValueError with why not (tomllib recurses: thousands of nested arrays exhaust it)."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def positive_number(value: object) -> bool:
+    """A finite number above 0 (TOML also has inf and nan, and booleans are not numbers)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+
+
 def _journal(shell: Config, table: Mapping[str, Any]) -> JournalConfig:
     known = JournalConfig.__slots__
     values: dict[str, Any] = {}
@@ -237,7 +258,7 @@ def _journal(shell: Config, table: Mapping[str, Any]) -> JournalConfig:
         if key == "enabled":
             if not isinstance(value, bool):
                 raise shell.error(("journal", key), "expected true or false")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        elif not positive_number(value):
             raise shell.error(("journal", key), "expected a positive number")
         values[key] = value if key == "enabled" else float(value)
     return JournalConfig(**values)
@@ -249,7 +270,7 @@ def _slo(shell: Config, table: Mapping[str, Any]) -> SloConfig:
     for key, value in table.items():
         if key not in known:
             raise shell.error(("slo", key), f"unknown key (known: {', '.join(known)})")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if not positive_number(value):
             raise shell.error(("slo", key), "expected a positive number of seconds")
         values[key] = float(value)
     return SloConfig(**values)
@@ -291,8 +312,10 @@ def check_refresh(value: object, error) -> float:
             value = float(value)
         except ValueError:
             raise error(f"expected a number of seconds, not {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_REFRESH_S <= value < float("inf"):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_REFRESH_S <= value:
         raise error(f"expected a number of seconds, at least {MIN_REFRESH_S:g}")
+    if value > MAX_REFRESH_S:
+        raise error(f"expected a number of seconds, at most {MAX_REFRESH_S:g}")
     return float(value)
 
 
@@ -312,7 +335,7 @@ def _alerts(shell: Config, table: Mapping[str, Any]) -> AlertsConfig:
     for key, value in table.items():
         if key not in ALERT_KEYS:
             raise _unknown(shell, "alerts", key, ALERT_KEYS)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if not positive_number(value):
             raise shell.error(("alerts", key), "expected a positive number")
         if key == "min_confidence" and value > 1:
             raise shell.error(("alerts", key), "expected a number from 0 to 1")
@@ -380,7 +403,7 @@ def resolve(config: Config, env: Mapping[str, str] = os.environ, flags: Mapping[
     `flags` maps setting keys (see FLAG_SETTINGS) to the values given on the command line (None:
     not given). Raises ConfigError for an unusable environment value."""
     flags = flags or {}
-    written = tomllib.loads(config.text) if config.text else {}
+    written = parse_toml(config.text) if config.text else {}
     settings: dict[str, Setting] = {}
     for section in fields(config):
         table = getattr(config, section.name)

@@ -7,6 +7,10 @@ chosen in the console is remembered in the XDG state directory.
 A theme file: `name`, `dark` (true/false), `ansi` (true: the colours are the terminal's own
 16-colour palette, `ansi_red`, `ansi_bright_blue`, ..., so the terminal's colour scheme decides
 how they look), the Textual colours (`primary` is required) and [variables] for gpuscope's own.
+
+A theme file is read only if it is a regular file of at most MAX_THEME_BYTES; one that is not
+(a FIFO, a device, a huge or deeply nested file) is reported as broken and left out, never
+blocking or breaking the commands that list themes.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ VARIABLE_DEFAULTS = {
 ANSI_VARIABLE_DEFAULTS = {"ansi-background": "ansi_black", "ansi-foreground": "ansi_white"}
 _HEX = re.compile(r"^#(?:[0-9a-fA-F]{3}|[0-9a-fA-F]{6}|[0-9a-fA-F]{8})$")
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
+MAX_THEME_BYTES = 64 * 1024  # a theme is a few hundred bytes
 
 
 class ThemeFileError(Exception):
@@ -81,8 +86,8 @@ def remembered_path(env: Mapping[str, str] = os.environ) -> Path:
 def remembered(env: Mapping[str, str] = os.environ) -> str | None:
     """The theme last chosen in the console, if any (a missing or unreadable file: none)."""
     try:
-        name = remembered_path(env).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        name = read_regular(remembered_path(env), 1024).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):  # RefusedPath among them: a FIFO or a device there is no choice
         return None
     return name if _NAME.fullmatch(name) else None
 
@@ -103,11 +108,15 @@ def _colour(value: object, where: str) -> str:
 
 def load_theme_file(path: Path) -> ThemeSpec:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_regular(path, MAX_THEME_BYTES).decode("utf-8"))
+    except RefusedPath as exc:
+        raise ThemeFileError(f"cannot use the theme file: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ThemeFileError(f"{path}: cannot read ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ThemeFileError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses: thousands of nested arrays exhaust it
+        raise ThemeFileError(f"{path}: not valid TOML (nested too deeply)") from None
     name = data.pop("name", path.stem)
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ThemeFileError(f"{path}: name must be letters, digits, '-', '_' or '.'")
