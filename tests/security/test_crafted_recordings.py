@@ -124,6 +124,7 @@ FRAME_CASES = {
     "numeric string for GPU memory": lambda d: d["processes"][1].update(gpu_memory_bytes="1e9"),
     "frame time 1e308": lambda d: d.update(time=1e308),
     "frame time as text": lambda d: d.update(time="now"),
+    "frame time in the year 5000": lambda d: d.update(time=9.5e10),
     "PID as a string": lambda d: d["processes"][0].update(pid="4242"),
     "PID not whole": lambda d: d["processes"][0].update(pid=4242.5),
     "PID negative": lambda d: d["processes"][0].update(pid=-1),
