@@ -63,12 +63,15 @@ def decode(cls: type[T], data: Any) -> T:
 class Decoder:
     """Decodes into dataclasses, checking each value against its type and, for the fields named
     in `checks`, against what the name says (`checks["pid"](value)` true for a usable PID, say).
+    `finite`: every float is a finite number (an infinity where None may be is None: not known),
+    for readers that do arithmetic on what they are given.
 
     Each type is turned into a decoding function once: reading an hour of frames costs little
     more than parsing them."""
 
-    def __init__(self, checks: Mapping[str, Callable[[Any], bool]] | None = None) -> None:
+    def __init__(self, checks: Mapping[str, Callable[[Any], bool]] | None = None, *, finite: bool = False) -> None:
         self._checks = dict(checks or {})
+        self._finite = finite
         self._compiled: dict[Any, Callable[[Any], Any]] = {}
 
     def decode(self, cls: type[T], data: Any) -> T:
@@ -100,6 +103,8 @@ class Decoder:
             return mapping
         if dataclasses.is_dataclass(tp):
             return self._dataclass(tp)
+        if tp is float and self._finite:
+            return _finite_float
         scalar = _SCALARS.get(tp)
         if scalar is None:
             raise DecodeError(f"cannot decode {tp!r}")
@@ -109,9 +114,10 @@ class Decoder:
         options = typing.get_args(tp)
         nullable = type(None) in options
         decoders = [self._for(option) for option in options if option is not type(None)]
+        unknown = (None, "inf", "-inf") if self._finite and float in options else (None,)
 
         def union(data: Any) -> Any:
-            if data is None and nullable:
+            if nullable and isinstance(data, (str, type(None))) and data in unknown:
                 return None
             errors = []
             for decoder in decoders:
@@ -186,6 +192,12 @@ def _float(data: Any) -> float:
             raise DecodeError(f"a number out of range: {value!r}")
         return value
     raise DecodeError(f"expected a number, not {_shown(data)}")
+
+
+def _finite_float(data: Any) -> float:
+    if data is None or isinstance(data, str):
+        raise DecodeError(f"expected a finite number, not {_shown(data)}")
+    return _float(data)
 
 
 def _int(data: Any) -> int:

@@ -75,11 +75,12 @@ FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     **dict.fromkeys(("pid", "selected_pid"), _numbers_in(1, PID_LIMIT)),
     **dict.fromkeys(("index", "device", "gpu"), _numbers_in(0, INDEX_LIMIT)),  # GPU indexes
 }
-READER = Decoder(FIELD_CHECKS)
+READER = Decoder(FIELD_CHECKS, finite=True)
 
 
 def checked(cls: type, data: Any):
-    """`data` decoded into `cls`, every field checked by its type and FIELD_CHECKS (DecodeError if not)."""
+    """`data` decoded into `cls`, every field checked by its type (floats finite) and FIELD_CHECKS
+    (DecodeError if not)."""
     return READER.decode(cls, data)
 
 

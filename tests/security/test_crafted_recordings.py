@@ -138,6 +138,12 @@ FRAME_CASES = {
     "command an object": lambda d: d["processes"][0].update(command={"x": 1}),
     "focus create time 1e308": lambda d: d["focus"].update(create_time=1e308),
     "cpu percent 1e300": lambda d: d["processes"][0].update(cpu_percent=1e300),
+    "CPU percent NaN (null)": lambda d: d["processes"][0].update(cpu_percent=None) or d.update(alerts=[{
+        "kind": "rss", "pid": 4242, "device": None, "label": "x", "growth_bytes_per_s": None, "since": None,
+        "time_to_full_s": None, "confidence": 0.9, "reason": "r"}]),
+    "alert growth infinite": lambda d: d.update(alerts=[{
+        "kind": "rss", "pid": 4242, "device": None, "label": "x", "growth_bytes_per_s": "inf", "since": None,
+        "time_to_full_s": None, "confidence": 0.9, "reason": "r"}]),
     "processes an object": lambda d: d.update(processes={"a": 1}),
     "row t nan as text": lambda d: ("nan", 1, journal.pack(d)),
     "row t 1e308": lambda d: (1e308, 1, journal.pack(d)),
@@ -299,7 +305,11 @@ async def test_the_replay_console_plays_a_crafted_recording_and_shows_the_damage
     frames[BAD]["nvml"]["devices"][0].pop("index")
     frames[7]["time"] = float("nan")
     frames[7] = (T0 + 7, 1, packed(frames[7], allow_nan=True))
-    rec = open_recording(write(tmp_path / "s.gpuscope", frames))
+    # An infinite latency is "not known" where a signal may be unknown: kept, and charted as a gap.
+    serving = [{**good_serving(i), "signals": {"e2e_latency_p95_s": "inf" if i % 2 else 0.2 + i, "tokens_per_s": "-inf"}}
+               for i in range(FRAMES)]
+    rec = open_recording(write(tmp_path / "s.gpuscope", frames, serving=serving))
+    assert len(rec.serving) == FRAMES and rec.serving[1].signals.e2e_latency_p95_s is None
     source = ReplaySource(rec, playing=False)
     app = GpuScopeApp(source, serving=source.serving)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -337,7 +347,7 @@ def test_a_console_crash_shows_no_local_variables(tmp_path):
 HOSTILE = st.one_of(
     st.none(), st.booleans(), st.text(max_size=12),
     st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(["inf", "-inf"]),
     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=3),
 )
 
