@@ -62,15 +62,18 @@ def decode(cls: type[T], data: Any) -> T:
 
 class Decoder:
     """Decodes into dataclasses, checking each value against its type and, for the fields named
-    in `checks`, against what the name says (`checks["pid"](value)` true for a usable PID, say).
-    `finite`: every float is a finite number (an infinity where None may be is None: not known),
-    for readers that do arithmetic on what they are given.
+    in `checks`, against what the name says (`checks["pid"](value)` true for a usable PID, say);
+    `default_check` is for every other field. `finite`: every float is a finite number (an
+    infinity where None may be is None: not known), for readers that do arithmetic on what they
+    are given.
 
     Each type is turned into a decoding function once: reading an hour of frames costs little
     more than parsing them."""
 
-    def __init__(self, checks: Mapping[str, Callable[[Any], bool]] | None = None, *, finite: bool = False) -> None:
+    def __init__(self, checks: Mapping[str, Callable[[Any], bool]] | None = None, *,
+                 default_check: Callable[[Any], bool] | None = None, finite: bool = False) -> None:
         self._checks = dict(checks or {})
+        self._default_check = default_check
         self._finite = finite
         self._compiled: dict[Any, Callable[[Any], Any]] = {}
 
@@ -154,7 +157,7 @@ class Decoder:
     def _dataclass(self, tp: type) -> Callable[[Any], Any]:
         hints = typing.get_type_hints(tp)
         names = {f.name for f in dataclasses.fields(tp)}
-        checks = {name: check for name, check in self._checks.items() if name in names}
+        checks = {name: self._checks.get(name, self._default_check) for name in names}
         fields: dict[str, Callable[[Any], Any]] = {}  # filled on first use: a class may contain itself
 
         def record(data: Any) -> Any:

@@ -69,13 +69,29 @@ def _numbers_in(low: float, high: float) -> Callable[[Any], bool]:
     return check
 
 
+def _not_negative(value: Any) -> bool:
+    """Counts, sizes, shares and durations: a number, or numbers, from 0 up."""
+    if isinstance(value, tuple):
+        return all(_not_negative(v) for v in value)
+    return isinstance(value, bool) or not isinstance(value, (int, float)) or value >= 0
+
+
+def _any(value: Any) -> bool:
+    return True
+
+
 # Fields whose names say what they hold, in whatever recorded class they are: checked on reading.
+# Every other number is a count, a size, a share or a duration, never below 0 (a negative total
+# would turn the console's memory bars inside out).
 FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     **dict.fromkeys(("time", "as_of", "create_time"), is_time),  # wall-clock times
     **dict.fromkeys(("pid", "selected_pid"), _numbers_in(1, PID_LIMIT)),
     **dict.fromkeys(("index", "device", "gpu"), _numbers_in(0, INDEX_LIMIT)),  # GPU indexes
+    # What may be below 0: growth (memory can shrink), times relative to a moment, temperatures.
+    **dict.fromkeys(("growth_bytes_per_s", "gpu_growth_bytes_per_s", "rss_growth_bytes_per_s", "growth_mib_per_s",
+                     "since", "times", "temperature", "bytes"), _any),
 }
-READER = Decoder(FIELD_CHECKS, finite=True)
+READER = Decoder(FIELD_CHECKS, default_check=_not_negative, finite=True)
 
 
 def checked(cls: type, data: Any):

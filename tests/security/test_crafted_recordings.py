@@ -134,6 +134,9 @@ FRAME_CASES = {
     "selected PID a list": lambda d: d.update(selected_pid=[1]),
     "GPU index negative": lambda d: d["nvml"]["devices"][0].update(index=-3),
     "memory past 64 bits": lambda d: d["nvml"]["devices"][0].update(memory_used=10**30),
+    "GPU memory total negative": lambda d: d["nvml"]["devices"][1].update(memory_total=-(2**40)),
+    "RSS negative": lambda d: d["processes"][0].update(rss_bytes=-1),
+    "host memory negative": lambda d: d["host"].update(available=-5),
     "hostname a number": lambda d: d.update(hostname=7),
     "command an object": lambda d: d["processes"][0].update(command={"x": 1}),
     "focus create time 1e308": lambda d: d["focus"].update(create_time=1e308),
@@ -321,6 +324,37 @@ async def test_the_replay_console_plays_a_crafted_recording_and_shows_the_damage
         assert app.frame.replay.index == len(rec) - 1
         assert any("skipped 3 damaged records (frames 3)" in n for n in app.frame.notices)
     assert app.return_code in (None, 0)
+
+
+async def test_the_replay_console_takes_extreme_values_that_are_still_valid(tmp_path):
+    """Huge numbers, a GPU whose total is 0 or below what it uses, frames all at one time, very
+    long strings: a recording may hold them, and the console shows them without crashing."""
+    from gpuscope.tui.app import GpuScopeApp
+
+    frames = good_frames()
+    for i, f in enumerate(frames):
+        f["time"] = T0  # every frame at the same time
+        f["hostname"] = "h" * 5000
+        f["processes"][0].update(cpu_percent=1e18, rss_bytes=2**62, gpu_memory_bytes=0, gpu_growth_bytes_per_s=-1e18)
+        f["processes"][1].update(command="x" * 20000, user="u" * 500)
+        f["nvml"]["devices"][0].update(memory_used=2**62 if i % 2 else 0, memory_total=0, utilization=10**9, temperature=-300)
+        f["nvml"]["devices"][1].update(memory_total=1, memory_used=2**62)
+        f["torch"] = [{"pid": 4242, "allocated_bytes": 2**62, "reserved_bytes": 0, "devices": 0}]
+        f["alerts"] = [{"kind": "gpu", "pid": 4242, "device": 0, "label": "L" * 3000, "growth_bytes_per_s": 1e18,
+                        "since": 0.0, "time_to_full_s": 1e18, "confidence": 1e18, "reason": "r"}]
+    serving = [{**good_serving(i), "window_s": 1e18, "malformed_lines": 2**62,
+                "signals": {"e2e_latency_p95_s": 1e18 if i % 2 else 0.0, "tokens_per_s": 1e-300, "kv_cache_usage": 1e18}}
+               for i in range(FRAMES)]
+    rec = open_recording(write(tmp_path / "extreme.gpuscope", frames, serving=serving))
+    assert len(rec) == FRAMES and rec.damage is None
+    consume(rec)
+    source = ReplaySource(rec, playing=False)
+    app = GpuScopeApp(source, serving=source.serving)
+    async with app.run_test(size=(100, 35)) as pilot:
+        for key in ["right_square_bracket"] * 3 + ["down", "enter", "d", "escape", "w", "escape", "space"]:
+            await pilot.press(key)
+            await pilot.pause(0.05)
+        assert app.frame.replay.index >= 3
 
 
 def test_a_console_crash_shows_no_local_variables(tmp_path):
