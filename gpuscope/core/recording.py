@@ -342,17 +342,20 @@ def describe_damage(cut_short: str | None, skipped: Counter) -> str | None:
     return "; ".join(parts) or None
 
 
+MAX_CELL_BYTES = 32 * 2**20  # a stored record is zlib'd and inflates to at most 16 MiB
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     # Read-write when allowed, so SQLite can recover a journal whose recording was killed (its
     # WAL is replayed into the file); read-only otherwise.
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=5.0)
+        conn = _hardened(sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=5.0))
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
         return conn
     except sqlite3.Error:
         pass
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        conn = _hardened(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0))
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
         return conn
     except sqlite3.Error as exc:
@@ -361,11 +364,21 @@ def _connect(path: Path) -> sqlite3.Connection:
         raise RecordingError(f"{path}: cannot be read as a gpuscope snapshot or journal ({exc})") from None
 
 
+def _hardened(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """A connection for a file anyone may have written: its schema's functions are not trusted,
+    and no value it yields is larger than MAX_CELL_BYTES (SQLite refuses to make one)."""
+    conn.execute("PRAGMA trusted_schema = OFF")
+    if hasattr(conn, "setlimit"):  # Python 3.11+; on 3.10 the column checks below still hold
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_CELL_BYTES)
+    return conn
+
+
 TABLES = ("meta", "frames", "serving", "events")
 
 
 def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
-    """The four tables are tables: a view (which could yield rows without end) is not a recording."""
+    """The four tables are plain tables: a view (which could yield rows without end) or a generated
+    column (which could compute a gigabyte for every row read) is not a recording."""
     try:
         found = {name: sql for name, sql in conn.execute(
             "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?, ?)", TABLES)}
@@ -376,6 +389,12 @@ def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
     for name in TABLES:
         if not isinstance(found.get(name), str) or not found[name].upper().startswith("CREATE TABLE"):
             raise RecordingError(f"{path}: damaged: it has no {name} table as gpuscope writes it")
+        try:
+            hidden = [column for column in conn.execute(f"PRAGMA table_xinfo({name})") if column[6]]
+        except sqlite3.Error as exc:
+            raise RecordingError(f"{path}: damaged beyond reading ({exc})") from None
+        if hidden:
+            raise RecordingError(f"{path}: damaged: its {name} table has generated columns, which gpuscope never writes")
 
 
 # What the metadata may hold, key by key; a value that is not that is left out (and counted).

@@ -268,19 +268,34 @@ def test_a_zlib_bomb_is_skipped_in_bounded_time_and_memory(tmp_path):
     assert done.stderr.strip().splitlines() == ["note: skipped 1 damaged record (frames 1)"]
 
 
-def test_a_view_instead_of_a_table_is_refused_not_read_without_end(tmp_path):
-    path = write(tmp_path / "view.gpuscope", good_frames())
-    conn = sqlite3.connect(path)
-    conn.executescript("""
+SCHEMAS = {
+    # Reading this view would never end.
+    "a view": ("""
         DROP TABLE frames;
         CREATE VIEW frames AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n)
             SELECT 1767000000.0 AS t, 1 AS keyframe, x'00' AS data FROM n;
-    """)
+    """, "it has no frames table as gpuscope writes it"),
+    # Reading a row of this table would compute 900 MB.
+    "a generated column": ("""
+        ALTER TABLE frames RENAME TO old;
+        CREATE TABLE frames(t REAL, keyframe INTEGER, raw BLOB, data BLOB GENERATED ALWAYS AS (zeroblob(900000000)) VIRTUAL);
+        INSERT INTO frames(t, keyframe, raw) SELECT t, keyframe, data FROM old;
+        DROP TABLE old;
+    """, "its frames table has generated columns"),
+}
+
+
+@pytest.mark.parametrize("schema", list(SCHEMAS))
+def test_a_schema_gpuscope_never_writes_is_refused_not_read(tmp_path, schema):
+    script, expected = SCHEMAS[schema]
+    path = write(tmp_path / "schema.gpuscope", good_frames())
+    conn = sqlite3.connect(path)
+    conn.executescript(script)
     conn.close()
-    done = gpuscope("report", str(path), timeout=30)  # in a child: reading the view would never end
+    done = gpuscope("report", str(path), limit_memory=768 * 2**20, timeout=30)  # in a child: it could run away
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     [line] = done.stderr.strip().splitlines()
-    assert "it has no frames table as gpuscope writes it" in line
+    assert expected in line, line
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device"])
