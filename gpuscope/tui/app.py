@@ -66,13 +66,6 @@ class GpuScopeApp(App):
     CSS_PATH = "gpuscope.tcss"
     TITLE = "gpuscope"
     ENABLE_COMMAND_PALETTE = True
-
-    def _fatal_error(self) -> None:
-        # Textual's own shows every frame's local variables: data from other users' processes
-        # and from recordings anyone may have written is among them. The code path is enough.
-        from rich.traceback import Traceback
-
-        self.panic(Traceback(show_locals=False, width=None))
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in htop: Ctrl-C ends it
@@ -102,6 +95,13 @@ class GpuScopeApp(App):
         Binding("j", "replay_jump_to", "Jump", show=False),
     ]
     REPLAY_ACTIONS = ("replay_toggle", "replay_step", "replay_jump", "replay_speed", "replay_jump_to")
+
+    def _fatal_error(self) -> None:
+        # Textual's own shows every frame's local variables: data from other users' processes
+        # and from recordings anyone may have written is among them. The code path is enough.
+        from rich.traceback import Traceback
+
+        self.panic(Traceback(show_locals=False, width=None))
 
     def __init__(
         self,
