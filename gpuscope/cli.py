@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from importlib import import_module
 
 from gpuscope import __version__
+from gpuscope.core.printable import printable
 from gpuscope.errors import Failure, UsageError
 
 
@@ -218,10 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(args)
         return cmd_console(args)
     except UsageError as exc:
-        print(f"gpuscope: {exc}", file=sys.stderr)
+        print(f"gpuscope: {printable(str(exc), newlines=True)}", file=sys.stderr)  # may quote others' text
         return 2
     except Failure as exc:
-        print(f"gpuscope: {exc}", file=sys.stderr)
+        print(f"gpuscope: {printable(str(exc), newlines=True)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

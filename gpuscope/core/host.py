@@ -3,6 +3,10 @@
 One pass over /proc per read with cheap fields only; command lines (redacted) are read for the
 processes that will be shown and cached by (pid, create_time), so PID reuse is never confused
 with the old process. A process that exits mid-read is simply not in the result.
+
+Every text read here is its owner's choice (a process can name itself, its arguments and its
+folder anything, escape sequences included): names, users, command lines, folders enter the
+model through `printable`, so nothing downstream can write a control character from them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 import psutil
 
 from gpuscope.core.model import HostMemory, HostProcess, ProcessDetail
+from gpuscope.core.printable import printable
 from gpuscope.core.redact import redact_command
 
 _PYTHON_NAME = re.compile(r"^(?:python|pypy)\d*(?:\.\d+)*[a-z]?$")
@@ -95,7 +100,7 @@ class HostCollector:
             except OSError:
                 continue  # exited while being read
             close = data.rfind(b")")
-            comm = data[data.find(b"(") + 1 : close].decode("utf-8", "replace")
+            comm = printable(data[data.find(b"(") + 1 : close].decode("utf-8", "replace"))
             fields = data[close + 2 :].split()
             if len(fields) < 22:
                 continue
@@ -131,7 +136,7 @@ class HostCollector:
                 user = pwd.getpwuid(uid).pw_name
             except KeyError:
                 user = str(uid)
-            self._users[uid] = user
+            user = self._users[uid] = printable(user)
         return user
 
     def _scan_psutil(self) -> list[SeenProcess]:
@@ -146,9 +151,9 @@ class HostCollector:
                 SeenProcess(
                     pid=info["pid"],
                     create_time=info["create_time"],
-                    name=info.get("name") or "",
+                    name=printable(info.get("name") or ""),
                     exe=info.get("exe") or None,
-                    user=info.get("username"),
+                    user=_printable_or_none(info.get("username")),
                     rss=mem.rss if mem is not None else None,
                     cpu=info.get("cpu_percent"),
                 )
@@ -200,11 +205,11 @@ class HostCollector:
             proc = psutil.Process(pid)
             with proc.oneshot():
                 create_time = proc.create_time()
-                name = proc.name()
+                name = printable(proc.name())
                 args = proc.cmdline()
-                user = _optional(proc.username)
+                user = _printable_or_none(_optional(proc.username))
                 exe = _optional(proc.exe) or None
-                cwd = _optional(proc.cwd) or None
+                cwd = _printable_or_none(_optional(proc.cwd) or None)
                 threads = _optional(proc.num_threads)
                 status = _optional(proc.status)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -215,7 +220,7 @@ class HostCollector:
             pid=pid,
             user=user,
             command=redact_command(args) if args else f"[{name}]",
-            exe=exe,
+            exe=_printable_or_none(exe),
             cwd=cwd,
             threads=threads,
             python_version=self.python_version(pid, name, exe) if python_version else None,
@@ -238,6 +243,10 @@ class HostCollector:
         if exe:
             self._versions[exe] = version
         return version
+
+
+def _printable_or_none(text: str | None) -> str | None:
+    return None if text is None else printable(text)
 
 
 def _optional(getter):

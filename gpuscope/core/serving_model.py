@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from gpuscope.core.printable import printable
+
 SCHEMA = "gpuscope.metrics/1"
 
 
@@ -65,6 +67,9 @@ class StageStats:
     p99_s: float | None = None
     share: float | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", printable(self.name))  # a label value: the service's text
+
     def to_json(self) -> dict[str, float | None]:
         return {"p50_s": self.p50_s, "p95_s": self.p95_s, "p99_s": self.p99_s, "share": self.share}
 
@@ -81,6 +86,12 @@ class FleetRow:
     namespace: str | None
     used_mib: float | None
     growth_mib_per_s: float | None
+
+    def __post_init__(self) -> None:
+        for name in ("host", "gpu", "uuid", "pod", "namespace"):  # label values: the exporters' text
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, printable(value))
 
 
 @dataclass(frozen=True, slots=True)

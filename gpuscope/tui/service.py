@@ -14,6 +14,7 @@ from rich.text import Text
 
 from gpuscope.config import SloConfig
 from gpuscope.core.changepoint import latency_jump
+from gpuscope.core.printable import printable
 from gpuscope.core.serving_model import ServingSnapshot
 from gpuscope.tui.textlines import TextLines
 
@@ -60,11 +61,11 @@ class ServicePanel(TextLines):
         s = snap.signals
         text = Text()
         text.append("SERVICE ", style="bold")
-        text.append(f"{snap.profile or 'unknown profile'} · {snap.source} {snap.target}")
+        text.append(printable(f"{snap.profile or 'unknown profile'} · {snap.source} {snap.target}"))
         if snap.ok:
             text.append(f" · {snap.window_s:g} s window")
         else:
-            text.append(f" · ✖ {snap.state}", style="bold red")
+            text.append(f" · ✖ {printable(snap.state)}", style="bold red")  # may quote the server
             if snap.as_of:
                 text.append(f" (numbers as of {time.strftime('%H:%M:%S', time.localtime(snap.as_of))})", style="dim")
         jump = latency_jump(snap.series("e2e_latency_p99_s"))
