@@ -12,8 +12,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
 from gpuscope.core import privilege, probe_client
 
 from helpers import ROOT, gpuscope_cmd, wait_until
@@ -40,7 +38,7 @@ def captures_in(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.name.startswith("gpuscope-memray-") or p.name == "capture.bin"]
 
 
-def test_sigkill_of_gpuscope_stops_the_probes_memray_tracking_and_leaves_no_capture(tmp_path):
+def test_sigkill_of_gpuscope_stops_the_probes_memray_tracking_and_leaves_no_capture():
     service_tmp = Path(tempfile.mkdtemp(prefix="gpuscope-test-service-tmp-"))  # the service's own TMPDIR
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), "TMPDIR": str(service_tmp)}
     service = subprocess.Popen([sys.executable, "-c", LEAKING_SERVICE], env=env, stdout=subprocess.PIPE, text=True)

@@ -25,7 +25,7 @@ from gpuscope import probe
 from gpuscope.core import privilege, probe_client
 from gpuscope.core.allocator import MAX_PROBES
 
-from helpers import ROOT, wait_until
+from helpers import ROOT
 from conftest import SYSTEM_PYTHON
 
 PROBED = "import time\nfrom gpuscope import probe\nprint(probe.start(), flush=True)\nwhile True:\n    time.sleep(0.2)\n"

@@ -22,7 +22,7 @@ import pytest
 
 from gpuscope.core import allocations, inject, privilege
 
-from helpers import gpuscope_cmd, wait_until
+from helpers import gpuscope_cmd
 from conftest import SYSTEM_PYTHON
 
 IDLE = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
