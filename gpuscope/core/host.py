@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psutil
 
+from gpuscope.core import privilege
 from gpuscope.core.model import HostMemory, HostProcess, ProcessDetail
 from gpuscope.core.printable import printable
 from gpuscope.core.redact import redact_command
@@ -234,7 +234,7 @@ class HostCollector:
             return self._versions[exe]
         version = None
         if is_python(name, exe) and exe:
-            version = _interpreter_version(exe)
+            version = _interpreter_version(exe, pid)
         if version is None:
             version = _libpython_version(pid)
         if version is None and exe and is_python(name, exe):
@@ -256,17 +256,17 @@ def _optional(getter):
         return None
 
 
-def _interpreter_version(exe: str) -> str | None:
-    """Ask the interpreter binary itself (cached by the caller; a short timeout)."""
+def _interpreter_version(exe: str, pid: int) -> str | None:
+    """Ask the interpreter binary itself (cached by the caller; a short timeout). The binary is the
+    process owner's to choose (a copy beside a pyvenv.cfg runs that user's .pth files), so it
+    runs only with that owner's rights."""
     try:
-        out = subprocess.run(
-            [exe, "-c", "import platform; print(platform.python_version())"],
-            capture_output=True,
-            text=True,
-            timeout=3,
-            env={"PATH": os.environ.get("PATH", ""), "PYTHONNOUSERSITE": "1"},
-        )
-    except (OSError, subprocess.SubprocessError):
+        owner = privilege.owner_of(pid)
+    except (OSError, ValueError):
+        return None
+    out = privilege.run_as(owner, [exe, "-c", "import platform; print(platform.python_version())"],
+                           env={"PATH": privilege.SAFE_PATH, "PYTHONNOUSERSITE": "1"}, timeout=3)
+    if out is None:
         return None
     version = out.stdout.strip()
     return version if out.returncode == 0 and re.fullmatch(r"\d+\.\d+\.\d+\S*", version) else None
