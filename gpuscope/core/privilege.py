@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from gpuscope.core.printable import printable
+
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 OUTPUT_LIMIT = 64 * 1024  # bytes kept of each stream of a command run for a target
 MAX_SWEEP_NAMES = 100_000  # entries of the temporary folder looked at by one sweep
@@ -165,10 +167,9 @@ def read_until(pipe, deadline: float, *, limit: int = 4096, line: bool = False) 
     return bytes(data).decode("utf-8", "replace")
 
 
-def printable(text: str, limit: int = 200) -> str:
-    """A string the target chose, made safe to show: control characters become '?', bounded."""
-    shown = "".join(c if c.isprintable() else "?" for c in text[:limit])
-    return shown + ("…" if len(text) > limit else "")
+def shown(text: str, limit: int = 200) -> str:
+    """A string the target chose, for a message: printable (see `gpuscope.core.printable`) and bounded."""
+    return printable(text[:limit]) + ("…" if len(text) > limit else "")
 
 
 # -- folders shared with a target --------------------------------------------------------------------
