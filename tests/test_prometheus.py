@@ -25,7 +25,7 @@ from gpuscope.core.scrape import ScrapeCollector
 from gpuscope.core.serving import ServingSource, observe
 from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
 from helpers import gpuscope_cmd, require_tool, wait_until
-from metrics_server import MetricsServer, Reply, ask, demo_service, linear_exposition
+from metrics_server import MetricsServer, RawServer, Reply, ask, demo_service, linear_exposition
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -327,3 +327,24 @@ def test_slow_prometheus_times_out():
         snap = observe(collector)
     assert time.monotonic() - started < 5
     assert snap.state == f"no answer from Prometheus at {slow.url('')} within 0.3 s"
+
+
+def test_a_restarting_prometheus_is_asked_again():
+    """502/503/504 (a proxy in front of a Prometheus that restarts) and refused connections are
+    retried with a backoff, within the request's one deadline."""
+    answers = [b"503 Service Unavailable", b"502 Bad Gateway", b"200 OK"]
+
+    def restarting(request, conn, closing) -> None:
+        status = answers.pop(0) if answers else b"200 OK"
+        names = request.path.startswith("/api/v1/label/")
+        body = b'{"status":"success","data":[]}' if names else b'{"status":"success","data":{"result":[]}}'
+        conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    with RawServer(restarting) as server:
+        snap = observe(PrometheusCollector(server.url(""), window_s=0, profiles=BUILTIN_PROFILES, retries=0))
+        assert snap.state == f"Prometheus at {server.url('')} answered HTTP 503"
+        started = time.monotonic()
+        snap = observe(PrometheusCollector(server.url(""), window_s=0, profiles=BUILTIN_PROFILES, retries=2))
+        assert snap.ok, snap.state
+        assert 0.25 <= time.monotonic() - started < 3  # 0.25 s after the 502
+        assert len(server.seen) == 4  # 503; 502, then the names and the query
