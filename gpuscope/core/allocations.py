@@ -35,7 +35,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -45,6 +44,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from gpuscope.core import privilege, probe_client, pyspy
+from gpuscope.core.printable import printable_line
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect, classify, owner_frame
 
 MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC = (3, 14)
@@ -230,7 +230,7 @@ _CANARY = (
 
 
 def _canary(gdb: str, interpreter: Interpreter) -> str | None:
-    shown = privilege.shown(interpreter.path)
+    shown = printable_line(interpreter.path)
     try:
         canary = privilege.popen_as(interpreter.owner, [interpreter.path, "-c", _CANARY], env=interpreter.env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -244,13 +244,13 @@ def _canary(gdb: str, interpreter: Interpreter) -> str | None:
         time.sleep(0.3)  # long enough for a damaged sleep() to fail in the canary
         if canary.poll() is not None:
             said = privilege.read_until(canary.stderr, time.monotonic() + 1).strip().splitlines()[-1:] or ["it exited"]
-            why = privilege.shown(said[0])
+            why = printable_line(said[0])
             return f"gdb harmed a test process when calling into it ({why}); attaching would likely crash the service"
         if out is None:
             return "gdb did not finish calling into a test process within 30 s"
         failure = re.search(r"^(Couldn't .*|Cannot .*|.*[Ee]rror.*)$", out.stdout + out.stderr, re.MULTILINE)
         if failure and "warning" not in failure.group(0).lower():
-            return f"gdb cannot call into processes on this machine ({privilege.shown(failure.group(1).strip())})"
+            return f"gdb cannot call into processes on this machine ({printable_line(failure.group(1).strip())})"
         return None
     finally:
         canary.kill()
@@ -276,7 +276,7 @@ def check_attach(pid: int) -> Interpreter:
         raise AttachRefused(str(exc)) from None
     if not memray_importable(interpreter):
         raise AttachRefused(
-            f"memray is not importable by the service's interpreter ({privilege.shown(interpreter.path)}): "
+            f"memray is not importable by the service's interpreter ({printable_line(interpreter.path)}): "
             "install it into the service's environment (pip install memray, or install gpuscope there), then try again"
         )
     version = python_version(interpreter)
@@ -319,7 +319,7 @@ def memray_suspects(pid: int, duration: float, *, cancelled: Callable[[], bool] 
             out = privilege.run_as(None, memray_cli() + attach, timeout=ATTACH_TIMEOUT_S)
             if out is None or out.returncode != 0:
                 last = ((out.stderr or out.stdout).strip().splitlines()[-1:] if out else []) or ["no answer"]
-                raise AttachRefused(f"memray could not attach to process {pid}: {privilege.shown(last[0])}")
+                raise AttachRefused(f"memray could not attach to process {pid}: {printable_line(last[0])}")
             attached = True
             deadline = time.monotonic() + window + 30.0
             while time.monotonic() < deadline:

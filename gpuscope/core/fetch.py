@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from ipaddress import ip_address
 from urllib.parse import SplitResult, unquote, urljoin, urlsplit, urlunsplit
 
+from gpuscope.core.printable import printable_line
 from gpuscope.core.redact import MASK, redact_text
 from gpuscope.core.serving_model import SourceError
 
@@ -75,13 +76,6 @@ class Answer:
         return self.headers.get("content-type")
 
 
-def printable(text: str, limit: int = 200) -> str:
-    """`text` as one printable line of at most `limit` characters: every control or other
-    unprintable character (CR, LF, ESC, bidi overrides ...) becomes '?'."""
-    text = "".join(c if c.isprintable() else "?" for c in text[: limit + 1]).strip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def shown_url(url: str) -> str:
     """A URL as it may be shown: any password masked (even one redact_text cannot find, with a
     space in it), printable, one line."""
@@ -94,7 +88,7 @@ def shown_url(url: str) -> str:
             user, colon, _ = userinfo.partition(":")
             rest = f"{user}{':' + MASK if colon else ''}@{host}{rest[end:]}"
         url = f"{scheme}://{rest}"
-    return printable(redact_text(url))
+    return printable_line(redact_text(url))
 
 
 def check_url(url: str) -> SplitResult:
@@ -286,10 +280,10 @@ def _exchange(
         answer_headers = {k.lower(): v for k, v in response.getheaders()}
         location = answer_headers.get("location")
         if response.status in REDIRECTS and location:
-            return Answer(response.status, printable(response.reason, 100), answer_headers, b""), location
+            return Answer(response.status, printable_line(response.reason, 100), answer_headers, b""), location
         ok = 200 <= response.status < 300
         body = _read_body(response, answer_headers, deadline, where, max_bytes, ok)
-        return Answer(response.status, printable(response.reason, 100), answer_headers, body), None
+        return Answer(response.status, printable_line(response.reason, 100), answer_headers, body), None
     finally:
         conn.close()
         deadline.release()
@@ -368,7 +362,7 @@ def _inflater(encoding: str | None, where: str) -> _Inflater | None:
     if encoding in ("gzip", "x-gzip", "deflate"):
         return _Inflater("deflate" if encoding == "deflate" else "gzip")
     raise FetchError(
-        f"{where} sent a body encoded as '{printable(encoding, 40)}', which gpuscope did not ask for", unreachable=False
+        f"{where} sent a body encoded as '{printable_line(encoding, 40)}', which gpuscope did not ask for", unreachable=False
     )
 
 
@@ -414,13 +408,13 @@ def _failure(where: str, exc: BaseException) -> FetchError:
     if isinstance(exc, zlib.error):
         return FetchError(f"{where} sent a broken compressed body", unreachable=False)
     if isinstance(exc, ssl.SSLCertVerificationError):  # (a ValueError too)
-        reason = printable(exc.verify_message or "not trusted", 80)
+        reason = printable_line(exc.verify_message or "not trusted", 80)
         return FetchError(f"cannot reach {where}: its TLS certificate failed verification ({reason})", unreachable=True)
     if isinstance(exc, ssl.SSLError):
-        return FetchError(f"cannot reach {where}: TLS failed ({printable(exc.reason or 'error', 80)})", unreachable=True)
+        return FetchError(f"cannot reach {where}: TLS failed ({printable_line(exc.reason or 'error', 80)})", unreachable=True)
     if isinstance(exc, (http.client.HTTPException, ValueError)):
         return FetchError(f"{where} did not answer in HTTP ({type(exc).__name__})", unreachable=False)
     if isinstance(exc, socket.gaierror):
         return FetchError(f"cannot reach {where}: unknown host", unreachable=True)
     reason = exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-    return FetchError(f"cannot reach {where}: {printable(reason, 80)}", unreachable=True)
+    return FetchError(f"cannot reach {where}: {printable_line(reason, 80)}", unreachable=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 
 from gpuscope.core import allocations, privilege, probe_client, pyspy
+from gpuscope.core.printable import printable_line
 
 STATUS_TIMEOUT_S = 15.0
 GDB_TIMEOUT_S = 30.0
@@ -148,7 +149,7 @@ def inject_probe(pid: int, *, anyway: bool = False, timeout: float = STATUS_TIME
         raise _refuse("gpuscope will not inject into itself")
     try:
         proc = psutil.Process(pid)
-        name = privilege.shown(proc.name())
+        name = printable_line(proc.name())
         proc.cmdline()
     except psutil.NoSuchProcess:
         raise _refuse(f"no process with PID {pid}; list running ones with 'gpuscope ps'") from None
@@ -229,7 +230,7 @@ def _wait_status(pid: int, folder: privilege.SharedFolder, timeout: float, metho
                 f"process {pid} has not imported torch, so no probe was started (add --memray to start it anyway, "
                 "for memray tracking)"
             )
-        raise _refuse(f"the probe did not start in process {pid}: {privilege.shown(text.removeprefix('failed '))}")
+        raise _refuse(f"the probe did not start in process {pid}: {printable_line(text.removeprefix('failed '))}")
     if method == "sys.remote_exec":
         raise _refuse(
             f"process {pid} has not run the script within {timeout:g} s (it runs it when its main thread next runs "
@@ -275,14 +276,14 @@ def _remote_exec(pid: int, proc: psutil.Process, interpreter: allocations.Interp
         if allocations.python_version(interpreter) != version:
             raise _refuse(
                 f"version mismatch: process {pid} runs Python {version[0]}.{version[1]} but its interpreter "
-                f"({privilege.shown(caller)}) cannot be run here as Python {version[0]}.{version[1]}; "
+                f"({printable_line(caller)}) cannot be run here as Python {version[0]}.{version[1]}; "
                 "sys.remote_exec needs the same major.minor"
             )
     check = privilege.run_as(owner, [caller, *flags, "-c", "import sys; print(sys.is_remote_debug_enabled())"],
                              env=env, timeout=20)
     if check is None or check.returncode != 0 or check.stdout.strip() != "True":
         raise _refuse(
-            f"remote debugging is disabled in this Python build ({privilege.shown(caller)}): "
+            f"remote debugging is disabled in this Python build ({printable_line(caller)}): "
             "sys.remote_exec is not available"
         )
     warn()
@@ -295,7 +296,7 @@ def _remote_exec(pid: int, proc: psutil.Process, interpreter: allocations.Interp
         last = text.splitlines()[-1] if text else "no output"
         if "ermission" in last or "not permitted" in last.lower():
             raise _refuse(f"not permitted to inject into process {pid}: {pyspy.PERMISSION_HELP}")
-        raise _refuse(f"sys.remote_exec failed for process {pid}: {privilege.shown(last)}")
+        raise _refuse(f"sys.remote_exec failed for process {pid}: {printable_line(last)}")
     return True
 
 
@@ -349,7 +350,7 @@ def _gdb(pid: int, interpreter: allocations.Interpreter, folder: privilege.Share
     if "no symbol" in lower:
         raise _refuse(f"gdb found no Python symbols in process {pid} (a stripped interpreter?)")
     last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "no output")
-    raise _refuse(f"gdb could not run the script in process {pid}: {privilege.shown(last.strip())}")
+    raise _refuse(f"gdb could not run the script in process {pid}: {printable_line(last.strip())}")
 
 
 def _wake(pid: int) -> None:

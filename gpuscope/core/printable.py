@@ -49,3 +49,9 @@ def printable(text: str, *, newlines: bool = False) -> str:
     if _UNSAFE.search(text) is None:
         return text
     return _UNSAFE.sub(_shown_keeping_newlines if newlines else _shown, text)
+
+
+def printable_line(text: str, limit: int = 200) -> str:
+    """`text` for a one-line message: printable, stripped, and cut to `limit` characters with "…"."""
+    text = printable(text[: limit + 1]).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import psutil
 
-from gpuscope.core.printable import printable
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 OUTPUT_LIMIT = 64 * 1024  # bytes kept of each stream of a command run for a target
@@ -165,11 +164,6 @@ def read_until(pipe, deadline: float, *, limit: int = 4096, line: bool = False) 
                 break
             data += chunk
     return bytes(data).decode("utf-8", "replace")
-
-
-def shown(text: str, limit: int = 200) -> str:
-    """A string the target chose, for a message: printable (see `gpuscope.core.printable`) and bounded."""
-    return printable(text[:limit]) + ("…" if len(text) > limit else "")
 
 
 # -- folders shared with a target --------------------------------------------------------------------

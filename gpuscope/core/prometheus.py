@@ -57,6 +57,7 @@ from gpuscope.core.profiles import (
     plan,
     resolve,
 )
+from gpuscope.core.printable import printable_line
 from gpuscope.core.promql import Matcher
 from gpuscope.core.redact import redact_text
 from gpuscope.core.serving_model import Evaluation, FleetRow, Signals, SourceError
@@ -337,7 +338,7 @@ class PrometheusCollector:
                 f"Prometheus at {self.target} refused the credentials (HTTP {status}): "
                 f"set {ENV_TOKEN}, or {ENV_USER} and {ENV_PASSWORD}"
             )
-        what = f": {fetch.printable(redact_text(detail[1]), 300)}" if detail else ""
+        what = f": {printable_line(redact_text(detail[1]), 300)}" if detail else ""
         if status in (400, 422):
             return f"Prometheus at {self.target} rejected the query (HTTP {status}){what}"
         return f"Prometheus at {self.target} answered HTTP {status if status else '?'}{what}"
