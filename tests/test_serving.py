@@ -128,9 +128,12 @@ def test_slow_target_times_out_and_stop_does_not_wait_for_it(server, running):
     "reply, state",
     [
         (Reply("boom", status=500), r"http://127\.0\.0\.1:\d+/metrics answered HTTP 500 Internal Server Error"),
-        (Reply("Service Unavailable\n<html>\n"), r".*answered, but not with metrics \(2 unparseable lines\)"),
+        (Reply("Service Unavailable\n<html>\n"), r"http://127\.0\.0\.1:\d+/metrics: not metrics \(an HTML page\)"),
+        (Reply("this is { not metrics\n"), r"http://127\.0\.0\.1:\d+/metrics: not metrics \(1 unparseable line, no sample\)"),
+        (Reply("# HELP vllm:num_requests_waiting q\n# TYPE vllm:num_requests_waiting gauge\n"),
+         r"http://127\.0\.0\.1:\d+/metrics: not metrics \(no sample in it\)"),
     ],
-    ids=["http-500", "garbage"],
+    ids=["http-500", "html", "garbage", "no-samples"],
 )
 def test_wrong_answers_are_states_and_it_recovers(server, running, reply, state):
     server.route("/metrics", Reply(STATIC))
@@ -266,7 +269,7 @@ def test_command_table(demo):
     [
         (None, [], r"gpuscope: cannot reach http://127\.0\.0\.1:\d+/metrics: connection refused"),
         (Reply("boom", status=500), [], r"gpuscope: http://127\.0\.0\.1:\d+/metrics answered HTTP 500"),
-        (Reply("this is not\nan exposition\n"), [], r"gpuscope: .* answered, but not with metrics"),
+        (Reply("this is not\nan exposition\n"), [], r"gpuscope: .*/metrics: not metrics \(2 unparseable lines, no sample\)"),
     ],
     ids=["unreachable", "http-500", "garbage"],
 )

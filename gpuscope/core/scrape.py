@@ -56,6 +56,7 @@ class _Target:
     names: frozenset[str] = frozenset()  # every name of the newest good scrape (for detection)
     up: bool = False  # the newest scrape succeeded
     malformed: int = 0
+    format: str | None = None  # of the newest good scrape
 
     def add(self, at: float, exposition: Exposition, keep: Iterable[str], oldest: float) -> None:
         for name in keep:
@@ -136,6 +137,7 @@ class ScrapeCollector:
             target.names = exposition.names
             target.up = True
             target.malformed = exposition.malformed
+            target.format = exposition.format
             profile = detect(self._profiles, self._all_names())
             kept = kept_names(profile, exposition.names) if profile else ()
             target.add(at, exposition, kept, oldest=at - self.window_s - RETENTION_MARGIN_S)
@@ -148,6 +150,13 @@ class ScrapeCollector:
     def malformed_lines(self) -> int:
         with self._lock:
             return sum(t.malformed for t in self._targets if t.up)
+
+    @property
+    def format(self) -> str | None:
+        """The format of each target's newest good scrape, joined by "," like `target`."""
+        with self._lock:
+            formats = [t.format for t in self._targets]
+        return ",".join(f or "-" for f in formats) if any(formats) else None
 
     @property
     def fleet(self) -> tuple[FleetRow, ...]:
