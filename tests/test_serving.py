@@ -227,8 +227,10 @@ def test_command_window_0_on_the_demo_service(demo):
     out = metrics_cmd("--metrics-url", f"{demo}/metrics", "--window", "0", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert list(doc) == ["schema", "source", "target", "profile", "window_s", "signals", "stages"]
+    # the contract's seven keys in order, then the ones added since
+    assert list(doc) == ["schema", "source", "target", "profile", "window_s", "signals", "stages", "format", "p99_jump"]
     assert (doc["schema"], doc["source"], doc["target"], doc["profile"]) == (SCHEMA, "scrape", f"{demo}/metrics", "rag")
+    assert doc["format"].startswith("text/plain; version=") and doc["p99_jump"] is None  # as the server declares it
     assert doc["window_s"] == 0.0
     assert list(doc["signals"]) == list(SIGNAL_NAMES)
     assert doc["signals"]["tokens_per_s"] is None and doc["signals"]["requests_per_s"] is None
