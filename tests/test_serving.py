@@ -308,3 +308,14 @@ def test_command_bad_input_exits_2(args, pattern):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert re.match(pattern, out.stderr)
+
+
+@pytest.mark.parametrize("window", [[], ["--window", "30"]], ids=["now", "window-30"])
+def test_command_fails_on_the_first_scrape_of_what_is_not_metrics(window):
+    with MetricsServer() as s:
+        s.route("/metrics", Reply("this is { not metrics\n"))
+        started = time.monotonic()
+        out = metrics_cmd("--metrics-url", s.url(), *window, timeout=30)
+    assert time.monotonic() - started < 10 and len([p for p, _ in s.seen if p == "/metrics"]) == 1
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.splitlines()[0] == f"gpuscope: {s.url()}: not metrics (1 unparseable line, no sample)"
