@@ -229,7 +229,8 @@ def parse_exposition(
                 if after_sample:
                     header, after_sample = [], False
                 header.append(stripped)
-                family = rename(stripped.split(None, 3)[2].strip('"')) if stripped.count(" ") >= 2 else None
+                parts = stripped.split(None, 3)
+                family = rename(parts[2].strip('"')) if len(parts) > 2 else None
                 alias = _mangled(family) if family else None
             continue  # a comment, or the closing # EOF
         after_sample = True
