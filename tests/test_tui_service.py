@@ -103,3 +103,22 @@ async def test_the_wizard_shows_the_same_jump_on_its_service_step():
         await pilot.pause()
         text = wizard.query_one("#step", TextLines).text.plain
         assert text.startswith("3. ") and snap.p99_jump.describe() in text
+
+
+async def test_an_answer_that_is_not_metrics_says_so_on_the_service_line():
+    from gpuscope.core.profiles import BUILTIN_PROFILES
+    from gpuscope.core.scrape import ScrapeCollector
+    from gpuscope.core.serving import ServingSource
+    from metrics_server import MetricsServer, Reply
+
+    with MetricsServer() as server:
+        server.route("/metrics", Reply("<!DOCTYPE html>\n<html><body>Login</body></html>\n", content_type="text/html"))
+        source = ServingSource(ScrapeCollector([server.url()], window_s=30.0, profiles=BUILTIN_PROFILES), interval=0.1)
+        app = GpuScopeApp(FakeSource(frame()), serving=source)
+        async with app.run_test(size=(120, 40)) as pilot:
+            panel = app.query_one(ServicePanel)
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if "not metrics" in panel.text.plain:
+                    break
+            assert f"✖ {server.url()}: not metrics (an HTML page)" in panel.text.plain
