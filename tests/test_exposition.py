@@ -277,3 +277,14 @@ def test_only_the_wanted_lines_are_parsed_but_every_name_is_seen():
     assert "sglang:e2e_request_latency_seconds_bucket" in seen[0] and "garbage" in seen[0]
     assert list(e.series) == ["sglang:num_queue_reqs"] and e.malformed == 0  # nothing else parsed
     assert "sglang:e2e_request_latency_seconds" in e.names
+
+
+def test_garbage_costs_a_bounded_number_of_slow_parses(monkeypatch):
+    from gpuscope.core import exposition
+
+    calls = []
+    slow = exposition._parse_slowly
+    monkeypatch.setattr(exposition, "_parse_slowly", lambda *a: calls.append(1) or slow(*a))
+    e = parse_exposition("this is { not metrics\n" * 5000 + 'good{a="b"} 1\n')
+    assert e.malformed == 5000 and e.series["good"] == [((("a", "b"),), 1.0)]
+    assert len(calls) == exposition.MAX_SLOW_LINES
