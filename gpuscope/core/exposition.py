@@ -9,7 +9,8 @@ Parsing is one pass over the lines. A line in the usual shape (`name{l="v",...} 
 scrape in well under a second); any other line goes to prometheus_client's own parser, alone
 (with its family's metadata for OpenMetrics), which settles whether it is a sample. Real servers
 send imperfect text (doc samples with `...` elisions, a stray `curl` line, a bad escape): a bad
-line costs itself, counted in `malformed`, never the rest of the scrape.
+line costs itself, counted in `malformed`, never the rest of the scrape (and past
+MAX_SLOW_LINES such lines, not even a parse).
 
 Names are read across the escapings of the Prometheus spec: a `U__` name (value escaping) is
 decoded, and dot escaping is undone when the Content-Type declares it. prometheus_client 0.26,
@@ -49,6 +50,10 @@ Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs: hashable, on
 # its OpenMetrics output mangles `vllm:` names (client_python#1177), so none is offered.
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 MAX_BYTES = 64 << 20  # a /metrics body larger than this is not a metrics endpoint
+# Lines of an unusual shape given to prometheus_client's parser (~30 µs each) in one text; the
+# rest of them count as malformed: 64 MB of garbage costs seconds of regular expressions, not
+# minutes of parsing.
+MAX_SLOW_LINES = 1000
 _CHUNK = 1 << 16
 
 OPENMETRICS_TYPE = "application/openmetrics-text"
@@ -187,7 +192,7 @@ def parse_exposition(
     keep = wanted(frozenset(names)) if wanted is not None else None
     series: dict[str, list[tuple[Labels, float]]] = {}
     label_sets: dict[str, Labels | None] = {}  # the same label text recurs (same labels, same buckets)
-    malformed = skipped = 0
+    malformed = skipped = slow_lines = 0
     header: list[str] = []  # the current family's metadata (for OpenMetrics' slow way)
     family = alias = None  # the current family's name, and its mangled spelling (see _restore)
     after_sample = False
@@ -237,7 +242,8 @@ def parse_exposition(
         if keep is not None and rename(_FIRST_TOKEN.match(stripped).group()) not in keep:
             skipped += 1
             continue
-        samples = _parse_slowly(stripped, header, openmetrics)
+        samples = _parse_slowly(stripped, header, openmetrics) if slow_lines < MAX_SLOW_LINES else None
+        slow_lines += 1
         if samples is None:
             malformed += 1
             continue
