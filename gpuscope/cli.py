@@ -93,10 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--job", metavar="J", help="with --prometheus: only this job label")
     metrics.add_argument("--instance", metavar="I", help="with --prometheus: only this instance label")
     metrics.add_argument(
-        "--window", type=_seconds(0.0), default=30.0, metavar="SECONDS",
-        help="rate and quantile window (default 30; 0: quantiles over the cumulative buckets of one scrape)",
+        "--window", type=_seconds(0.0), metavar="SECONDS",
+        help="rate and quantile window (default: two scrapes 3 s apart, or 30 s of Prometheus; "
+             "0: quantiles over the cumulative buckets of one scrape)",
     )
-    metrics.add_argument("--json", action="store_true", help="the gpuscope.metrics/1 JSON object")
+    metrics.add_argument("--watch", action="store_true", help="then print again every --refresh seconds (Ctrl+C stops)")
+    metrics.add_argument("--json", action="store_true", help="the gpuscope.metrics/1 JSON object (one a line with --watch)")
 
     stacks = sub.add_parser(
         "stacks",

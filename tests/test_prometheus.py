@@ -9,12 +9,14 @@ fleet view). The same data read by the scrape source and by PromQL must agree: q
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -73,10 +75,46 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else None
 
 
+@contextlib.contextmanager
+def running_prometheus(tmp: Path, jobs: Sequence[tuple[str, str, str]]) -> Iterator[Prometheus]:
+    """Prometheus (Debian's package) on a free loopback port, scraping each (job, metrics path,
+    host:port) every second with its own default Accept header; stopped afterwards."""
+    binary = require_tool("prometheus")
+    config = "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n" + "".join(
+        f"  - job_name: {job}\n    metrics_path: {path}\n    static_configs: [{{targets: ['{target}']}}]\n"
+        for job, path, target in jobs
+    )
+    (tmp / "prometheus.yml").write_text(config)
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )
+    prom = Prometheus(f"http://127.0.0.1:{port}", tmp / "data")
+    try:
+        wait_until(lambda: _ready(prom) or proc.poll() is not None, timeout=30, what="Prometheus to be ready")
+        assert proc.poll() is None, "prometheus exited at start"
+        # Debian's packaged service listens on :9090; make sure this is the one started here.
+        assert prom.get("/api/v1/status/flags")["data"]["storage.tsdb.path"] == str(tmp / "data")
+        yield prom
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """(prometheus, demo base URL, test endpoints server)."""
-    binary = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
     with demo_service() as demo, MetricsServer() as endpoints:
         started = time.time()
@@ -86,38 +124,10 @@ def stack(tmp_path_factory):
         here = f"127.0.0.1:{endpoints.port}"
         demo_target = demo.removeprefix("http://")
         jobs = [("demo", "/metrics", demo_target), ("static", "/static", here), ("linear", "/linear", here), ("dcgm", "/dcgm", here)]
-        config = "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n" + "".join(
-            f"  - job_name: {job}\n    metrics_path: {path}\n    static_configs: [{{targets: ['{target}']}}]\n"
-            for job, path, target in jobs
-        )
-        (tmp / "prometheus.yml").write_text(config)
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-        )
-        prom = Prometheus(f"http://127.0.0.1:{port}", tmp / "data")
-        try:
-            wait_until(lambda: _ready(prom) or proc.poll() is not None, timeout=30, what="Prometheus to be ready")
-            assert proc.poll() is None, "prometheus exited at start"
-            # Debian's packaged service listens on :9090; make sure this is the one started here.
-            assert prom.get("/api/v1/status/flags")["data"]["storage.tsdb.path"] == str(tmp / "data")
+        with running_prometheus(tmp, jobs) as prom:
             for i in range(3):
                 ask(demo, f"why is memory growing {i}")
             yield prom, demo, endpoints
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
 
 
 def _ready(prom: Prometheus) -> bool:

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from gpuscope.cli import settings
 from gpuscope.core.model import Frame
 from gpuscope.core.node import NodeSource
 from gpuscope.core.printable import printable
@@ -24,6 +25,9 @@ def sample_processes() -> Frame:
 
 
 def run(args: argparse.Namespace) -> int:
+    # No setting changes this table, but the settings are resolved as for every command, so a
+    # bad --config (or $GPUSCOPE_CONFIG) is refused here too rather than silently ignored.
+    settings(args)
     frame = sample_processes()
     rows = sorted(frame.processes, key=lambda r: (r.gpu is None, -(r.gpu_memory_bytes or 0), -(r.rss_bytes or 0)))
     if args.json:

@@ -220,6 +220,7 @@ class PrometheusCollector:
     """One Prometheus server (with optional job/instance filters) as a serving source."""
 
     source = "prometheus"
+    format = None  # Prometheus parsed the scrapes; gpuscope reads its query answers
 
     def __init__(
         self,

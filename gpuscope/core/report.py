@@ -266,8 +266,11 @@ def _service(recording: Recording) -> list[str]:
             return ["## Service", "", f"No serving signals: {md_text(recording.serving[-1].state)}", ""]
         return []
     first, last = good[0], good[-1]
-    out = [f"## Service ({md_text(last.profile or 'unknown profile')}, {md_text(last.source)} of {md_text(last.target)})", "",
-           "| signal | at start | at end |", "|---|---|---|"]
+    out = [f"## Service ({md_text(last.profile or 'unknown profile')}, {md_text(last.source)} of {md_text(last.target)})", ""]
+    jump = next((s.p99_jump for s in reversed(recording.serving) if s.p99_jump is not None), None)
+    if jump is not None:  # as the serving source found it during the session
+        out += [f"**{md_text(jump.describe())}**", ""]
+    out += ["| signal | at start | at end |", "|---|---|---|"]
     for name, value in last.signals.to_json().items():
         before = first.signals.get(name)
         if value is None and before is None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpuscope.core import fetch
-from gpuscope.core.exposition import ACCEPT, Endpoint, Exposition, Labels, ScrapeError, parse_exposition
+from gpuscope.core.exposition import ACCEPT, Endpoint, Exposition, Labels, ScrapeError, not_metrics, parse_exposition
 from gpuscope.core.profiles import (
     Answer,
     CounterSum,
@@ -68,6 +68,7 @@ class _Target:
     names: frozenset[str] = frozenset()  # every name of the newest good scrape (for detection)
     up: bool = False  # the newest scrape succeeded
     malformed: int = 0
+    format: str | None = None  # of the newest good scrape
 
     def add(self, at: float, exposition: Exposition, keep: Iterable[str], oldest: float) -> None:
         for name in keep:
@@ -150,6 +151,7 @@ class ScrapeCollector:
             target.names = exposition.names
             target.up = True
             target.malformed = exposition.malformed
+            target.format = exposition.format
             profile = detect(self._profiles, self._all_names())
             kept = kept_names(profile, exposition.names) if profile else ()
             target.add(at, exposition, kept, oldest=at - self.window_s - RETENTION_MARGIN_S)
@@ -162,6 +164,13 @@ class ScrapeCollector:
     def malformed_lines(self) -> int:
         with self._lock:
             return sum(t.malformed for t in self._targets if t.up)
+
+    @property
+    def format(self) -> str | None:
+        """The format of each target's newest good scrape, joined by "," like `target`."""
+        with self._lock:
+            formats = [t.format for t in self._targets]
+        return ",".join(f or "-" for f in formats) if any(formats) else None
 
     @property
     def fleet(self) -> tuple[FleetRow, ...]:
@@ -203,10 +212,9 @@ def scrape(
     text = answer.body.decode("utf-8", errors="replace")
     _check_size(text, where)
     exposition = parse_exposition(text, answer.content_type, wanted)
-    if not exposition.series and exposition.malformed:
-        raise ScrapeError(
-            f"{where} answered, but not with metrics ({exposition.malformed} unparseable lines)", unreachable=False
-        )
+    reason = not_metrics(text, exposition)
+    if reason is not None:
+        raise ScrapeError(f"{where}: not metrics ({reason})", unreachable=False)
     return exposition
 
 

@@ -138,6 +138,9 @@ class WizardScreen(Screen[None]):
         mark, style = MARK[step.status]
         text = Text.assemble((f"{step.number}. {printable(step.title)}", "bold"), "  ", (f"{mark} {step.status}", style), "\n\n")
         text.append(printable(step.finding) + "\n")
+        serving = self.evidence.serving_end if self.evidence else None
+        if step.number == 3 and serving is not None and serving.p99_jump is not None:
+            text.append(serving.p99_jump.describe() + "\n", style="bold yellow")  # the snapshot's finding
         if step.next:
             text.append("\nnext: ", style="bold")
             text.append(printable(step.next) + "\n")

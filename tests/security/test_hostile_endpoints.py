@@ -372,7 +372,7 @@ EVIL = "\x1b]0;owned\x07\x1b[2J\x1b[31mred\x9b\u202e"
         ("scrape", answer("302 Found", b"", Location="http://127.0.0.1:1/\x1b[2J"),
          r"gpuscope: http://127\.0\.0\.1:\d+/metrics redirected to a URL gpuscope does not follow"),
         ("scrape", answer("200 OK", b"\x1b[2J\x1b]0;owned\x07\n" * 3, content_type="text/plain"),
-         r"gpuscope: http://127\.0\.0\.1:\d+/metrics answered, but not with metrics \(3 unparseable lines\)"),
+         r"gpuscope: http://127\.0\.0\.1:\d+/metrics: not metrics \(3 unparseable lines, no sample\)"),
         ("prometheus", answer(f"400 Bad{EVIL}".encode().decode("latin-1"), ('{"status":"error","error":"' + EVIL + '\\u001b[2J"}').encode(), "application/json"),
          r"gpuscope: Prometheus at http://127\.0\.0\.1:\d+ rejected the query \(HTTP 400\): .*"),
         ("prometheus", answer("200 OK", b"\x1b[2J not json \x07", "application/json"),
