@@ -8,10 +8,12 @@ research notes): vLLM histograms (TTFT, inter-token latency, e2e, queue/prefill/
 token-count histograms), counters and gauges for `--models` x `--engines` label sets, and the
 default dcgm-exporter fields for `--gpus` GPUs with their Hostname/UUID/pod labels.
 
-1. parse:   gpuscope.core.exposition.parse_exposition on the text (prometheus_client's parser
-            plus indexing), median of `--runs`: every line, and only the lines the detected
-            profile reads (what the scrape source does: a cheap first pass finds the metric
-            names, then only the wanted lines go through the parser).
+1. parse:   gpuscope.core.exposition.parse_exposition on the text, median of `--runs`: every
+            line, and only the lines the detected profile reads (what the scrape source does: a
+            cheap first pass finds the metric names, then only the wanted lines are parsed).
+            Then the same at 100,000+ series (`--big-models` x `--big-engines` vLLM label sets
+            plus the dcgm GPUs): gpuscope's parser (min/median/max of `--runs`) beside
+            prometheus_client's own text parser on the same text (`--reference-runs`).
 2. compute: a ScrapeCollector (window 30 s) holding `--window-scrapes` scrapes of it, one second
             apart (counters advancing, so rates are real): `record()` of one scrape (detection +
             keeping the profile's series) and `evaluate()` (the whole query plan with rate(),
@@ -36,7 +38,7 @@ import sys
 import threading
 import time
 
-from _harness import ROOT, Cleanup, dump_json, install_signal_handlers, machine, print_table, run_script
+from _harness import ROOT, Cleanup, dump_json, install_signal_handlers, machine, print_table, run_script, summary
 
 sys.path.insert(0, str(ROOT))
 
@@ -134,13 +136,39 @@ def synthesize(models: int, engines: int, gpus: int, tick: int = 0, seed: int = 
     return "".join(out)
 
 
-def timed(fn, runs: int) -> tuple[float, object]:
+def timings(fn, runs: int) -> tuple[list[float], object]:
     times, result = [], None
     for _ in range(runs):
         t0 = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - t0)
+    return times, result
+
+
+def timed(fn, runs: int) -> tuple[float, object]:
+    times, result = timings(fn, runs)
     return statistics.median(times), result
+
+
+def big_parse(models: int, engines: int, gpus: int, runs: int, reference_runs: int) -> dict:
+    """gpuscope's parser and prometheus_client's on a 100,000-series exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = synthesize(models, engines, gpus)
+    ours, exposition = timings(lambda: parse_exposition(text), runs)
+
+    def theirs_once() -> int:
+        return sum(len(f.samples) for f in text_string_to_metric_families(text))
+
+    theirs, their_samples = timings(theirs_once, reference_runs)
+    return {
+        "bytes": len(text.encode()),
+        "lines": text.count("\n"),
+        "samples": exposition.sample_count,
+        "reference_samples": their_samples,
+        "gpuscope_s": summary(ours),
+        "prometheus_client_s": summary(theirs),
+    }
 
 
 def live_cpu_per_scrape(cleanup: Cleanup, text: str, scrapes: int, name: str) -> dict:
@@ -202,6 +230,9 @@ def main() -> int:
     p.add_argument("--models", type=int, default=8)
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--gpus", type=int, default=576)
+    p.add_argument("--big-models", type=int, default=20, help="label sets of the 100k-series text: models ...")
+    p.add_argument("--big-engines", type=int, default=20, help="... x engines")
+    p.add_argument("--reference-runs", type=int, default=3, help="runs of prometheus_client's parser (slow)")
     args = p.parse_args()
     install_signal_handlers()
 
@@ -225,6 +256,8 @@ def main() -> int:
         record_times.append(time.perf_counter() - started)
     evaluate_s, evaluation = timed(collector.evaluate, args.runs)
 
+    big = big_parse(args.big_models, args.big_engines, args.gpus, args.runs, args.reference_runs)
+
     with Cleanup() as cleanup:
         live = [
             live_cpu_per_scrape(cleanup, demo_text(), args.scrapes, "demo rag"),
@@ -247,6 +280,7 @@ def main() -> int:
         "evaluate_s": evaluate_s,
         "window_scrapes": args.window_scrapes,
         "profile": evaluation.profile,
+        "big": big,
         "live": live,
     }
     if args.json:
@@ -264,6 +298,21 @@ def main() -> int:
              f"{size / 1e6 / parse_wanted_s:.1f}"],
             ["record (detect + keep the profile's series)", f"{result['record_s']:.4f}", ""],
             [f"evaluate ({args.window_scrapes} scrapes in a 30 s window)", f"{evaluate_s:.4f}", ""],
+        ],
+    )
+    print()
+
+    def spread(d: dict) -> str:
+        return f"{d['median']:.3f}  ({d['min']:.3f}-{d['max']:.3f}, n={d['n']})"
+
+    print_table(
+        f"{big['samples']:,} series ({big['bytes'] / 1e6:.1f} MB): every line parsed, seconds median (min-max, runs)",
+        ["parser", "seconds", "µs / line"],
+        [
+            ["gpuscope.core.exposition.parse_exposition", spread(big["gpuscope_s"]),
+             f"{big['gpuscope_s']['median'] / big['lines'] * 1e6:.1f}"],
+            ["prometheus_client.parser.text_string_to_metric_families", spread(big["prometheus_client_s"]),
+             f"{big['prometheus_client_s']['median'] / big['lines'] * 1e6:.1f}"],
         ],
     )
     print()

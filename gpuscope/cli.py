@@ -15,6 +15,7 @@ from importlib import import_module
 
 from gpuscope import __version__
 from gpuscope.commands.output import add_output_arguments
+from gpuscope.core.printable import printable
 from gpuscope.errors import Failure, UsageError
 
 
@@ -115,10 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--job", metavar="J", help="with --prometheus: only this job label")
     metrics.add_argument("--instance", metavar="I", help="with --prometheus: only this instance label")
     metrics.add_argument(
-        "--window", type=_seconds(0.0, 7 * DAY_S), default=30.0, metavar="SECONDS",
-        help="rate and quantile window (default 30; 0: quantiles over the cumulative buckets of one scrape)",
+        "--window", type=_seconds(0.0, 7 * DAY_S), metavar="SECONDS",
+        help="rate and quantile window (default: two scrapes 3 s apart, or 30 s of Prometheus; "
+             "0: quantiles over the cumulative buckets of one scrape)",
     )
-    metrics.add_argument("--json", action="store_true", help="the gpuscope.metrics/1 JSON object")
+    metrics.add_argument("--watch", action="store_true", help="then print again every --refresh seconds (Ctrl+C stops)")
+    metrics.add_argument("--json", action="store_true", help="the gpuscope.metrics/1 JSON object (one a line with --watch)")
 
     stacks = sub.add_parser(
         "stacks",
@@ -238,10 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a full disk under `> FILE` is found here, while there is still a way to say so
         return status
     except UsageError as exc:
-        print(f"gpuscope: {exc}", file=sys.stderr)
+        print(f"gpuscope: {printable(str(exc), newlines=True)}", file=sys.stderr)  # may quote others' text
         return 2
     except Failure as exc:
-        print(f"gpuscope: {exc}", file=sys.stderr)
+        print(f"gpuscope: {printable(str(exc), newlines=True)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -250,10 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as exc:  # standard output on a full disk (ENOSPC) or a failing device (EIO), ...
-        print(f"gpuscope: {_os_failure(exc)}", file=sys.stderr)
+        print(f"gpuscope: {printable(_os_failure(exc))}", file=sys.stderr)
         return 1
     except (RecursionError, OverflowError, MemoryError) as exc:  # input past what gpuscope can hold
-        print(f"gpuscope: cannot go on: {type(exc).__name__} ({exc})", file=sys.stderr)
+        print(f"gpuscope: cannot go on: {type(exc).__name__} ({printable(str(exc))})", file=sys.stderr)
         return 1
 
 

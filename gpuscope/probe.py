@@ -11,10 +11,13 @@ at `sys.modules.get("torch")` and calls CUDA APIs only once `torch.cuda.is_initi
 only; memray is imported only when a `memray_track` request asks for it.
 
 Where: `$XDG_RUNTIME_DIR/gpuscope/probe-<pid>.sock` when XDG_RUNTIME_DIR is a directory of this
-user, else `<tempdir>/gpuscope-<uid>/probe-<pid>.sock`. The folder is 0700 and the socket 0600:
-only the service's user (and root) can connect. `<pid>` is the PID as the service sees it (in a
-container, its namespace PID). The socket is removed by `stop()` and at exit; a socket left by a
-process that died (SIGKILL) is removed by the client (`gpuscope.core.probe_client`).
+user, else `<tempdir>/gpuscope-<uid>/probe-<pid>.sock`. The folder is 0700 and the socket 0600;
+if another user took the folder's name first, the probe uses a private folder of its own beside
+it, `<folder>-XXXXXXXX`. Only the service's user and root can connect, and the probe checks the
+peer of every connection (SO_PEERCRED): anyone else gets one error line and is hung up on.
+`<pid>` is the PID as the service sees it (in a container, its namespace PID). The socket is
+removed by `stop()` and at exit; a socket left by a process that died (SIGKILL) is removed by the
+client (`gpuscope.core.probe_client`).
 
 Protocol: newline-delimited JSON over the socket, one request at a time per connection, any number
 of requests per connection. A request is one line, an object with "op" and the op's arguments
@@ -36,7 +39,8 @@ innermost first, everywhere. Ops:
 - `history_start` {max_entries?} -> `torch.cuda.memory._record_memory_history(enabled="state",
   context="state", stacks="python", max_entries=...)`: stacks of live blocks from now on (blocks
   allocated earlier have none). -> {recording: true, max_entries}.
-- `history_stop` -> stops recording (only if the probe started it) -> {recording: false}.
+- `history_stop` -> stops recording (only if the probe started it) -> {recording: false}. Recording
+  also stops when the connection that started it closes (a client that was killed leaves nothing on).
 - `snapshot` {limit?} -> takes `torch.cuda.memory._snapshot()`, keeps its live blocks
   ("active_allocated") in a compact form (at most 2 snapshots kept) -> {id, blocks, bytes,
   truncated, groups: [{bytes, count, frames}]} (the live blocks grouped by allocating stack,
@@ -66,6 +70,7 @@ import select
 import shutil
 import socket
 import stat
+import struct
 import sys
 import tempfile
 import threading
@@ -129,8 +134,11 @@ def start(path=None, quiet=False):
         if _server is not None and _server.pid == os.getpid():
             return _server.path
         try:
-            target = path or socket_path()
-            _prepare_folder(os.path.dirname(target))
+            if path:
+                target = path
+                _prepare_folder(os.path.dirname(path))
+            else:
+                target = os.path.join(_prepare_folder(runtime_dir(), beside=True), "probe-%d.sock" % os.getpid())
             if _answering(target):
                 # Another copy of this module (loaded by file path by `gpuscope run` or an
                 # injection) already serves this PID: one probe per process is enough.
@@ -160,24 +168,75 @@ def stop():
         server.close()
 
 
-def _prepare_folder(folder):
-    """Create the socket folder 0700, or check that an existing one is private and ours."""
+def _prepare_folder(folder, beside=False):
+    """The folder for the socket: `folder`, created 0700, or checked if it exists — a real folder
+    of this user's (made private again if its mode let others in, and what they put in it
+    meanwhile is removed). When the name is taken by someone else (another user may create
+    `/tmp/gpuscope-<uid>` first), `beside` picks a private folder of this user's next to it,
+    `<folder>-XXXXXXXX` (gpuscope's client looks there too); else OSError says why."""
     try:
         os.makedirs(folder, mode=0o700)
     except FileExistsError:
         pass
     st = os.lstat(folder)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.chmod(folder, 0o700)
+            if st.st_mode & 0o022:
+                _remove_foreign(folder)
+        return folder
+    if beside:
+        return _private_folder_beside(folder)
     if not stat.S_ISDIR(st.st_mode):
         raise OSError("%s is not a folder" % folder)
-    if st.st_uid != os.getuid():
-        raise OSError("%s belongs to another user" % folder)
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(folder, 0o700)
+    raise OSError("%s belongs to another user" % folder)
+
+
+MAX_NAMES = 10000  # entries of a folder looked at when searching it
+
+
+def _remove_foreign(folder):
+    """Remove what others put in a folder of ours while it was open to them."""
+    with os.scandir(folder) as entries:
+        for seen, entry in enumerate(entries):
+            if seen >= MAX_NAMES:
+                break
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        os.unlink(entry.path)
+            except OSError:
+                pass
+
+
+def _private_folder_beside(folder):
+    """A folder of this user's, 0700, named `<folder>-XXXXXXXX`: an existing one, else a new one."""
+    parent, base = os.path.split(folder)
+    try:
+        with os.scandir(parent) as entries:
+            for seen, entry in enumerate(entries):
+                if seen >= MAX_NAMES:
+                    break
+                if entry.name.startswith(base + "-"):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700:
+                        return entry.path
+    except OSError:
+        pass
+    return tempfile.mkdtemp(prefix=base + "-", dir=parent)
 
 
 def _answering(path):
-    """Is something listening on this socket? A socket nobody listens on is stale: removed."""
-    if not os.path.exists(path):
+    """Is a probe of this process listening on this socket? A socket nobody listens on is stale,
+    and anything at that name that is not this user's socket was planted: both are removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+        os.unlink(path)  # the folder is ours and private: whatever this is, it is not our probe
         return False
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(1.0)
@@ -194,6 +253,25 @@ def _answering(path):
         return False
     finally:
         sock.close()
+
+
+def peer_credentials(sock):
+    """(pid, uid, gid) of the process at the other end of a Unix socket (SO_PEERCRED), or None
+    where the system does not say."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+
+
+def _permitted(conn):
+    """Only this process's own user and root may talk to the probe (the socket's mode says so
+    too; this holds even if the mode or the folder's were loosened)."""
+    try:
+        creds = peer_credentials(conn)
+    except OSError:
+        return False
+    return creds is None or creds[1] in (0, os.getuid(), os.geteuid())
 
 
 class RequestError(Exception):
@@ -282,6 +360,9 @@ class _Server:
             if self.closing:
                 conn.close()
                 return
+            if not _permitted(conn):
+                _refuse(conn)
+                continue
             with self.clients_lock:
                 busy = self.clients >= MAX_CLIENTS
                 if not busy:
@@ -300,6 +381,7 @@ class _Server:
                 conn.close()
 
     def _serve(self, conn):
+        hung_up = lambda: _hung_up(conn)  # noqa: E731 - also this connection's identity in _State
         try:
             conn.settimeout(IDLE_TIMEOUT_S)
             buffer = b""
@@ -323,12 +405,13 @@ class _Server:
                     return
                 if not line.strip():
                     continue
-                reply = self.answer(line, lambda: _hung_up(conn))
+                reply = self.answer(line, hung_up)
                 if not _send(conn, reply):
                     return
         except Exception:
             pass  # a broken connection ends only itself
         finally:
+            self.state.client_gone(hung_up)
             with self.clients_lock:
                 self.clients -= 1
                 self.conns.discard(conn)
@@ -372,6 +455,17 @@ def _send(conn, reply):
         return False
 
 
+def _refuse(conn):
+    """One error line to a peer that may not talk to the probe, then the end (unanswered)."""
+    _send(conn, {"ok": False, "error": "not permitted: this probe answers only its process's user and root"})
+    try:
+        conn.setblocking(False)
+        conn.recv(MAX_REQUEST)  # what it sent is dropped (closing on unread data would reset the line)
+    except OSError:
+        pass
+    conn.close()
+
+
 def _hung_up(conn):
     """Has the client closed its end? (Data waiting is not a hang-up.)"""
     try:
@@ -391,12 +485,17 @@ class _State:
         self.work = threading.Lock()  # one torch snapshot/diff/history op at a time
         self.memray = threading.Lock()  # one memray capture at a time
         self.recording = False
+        self.recording_for = None  # the connection that started recording (its hung_up callback)
         self.snapshots = {}  # id -> (taken, blocks, truncated)
         self.next_id = 1
 
-    def release(self):
-        """Forget snapshots and stop what the probe started (at stop or exit)."""
-        self.snapshots = {}
+    def client_gone(self, client):
+        """What a connection started ends with it: gpuscope killed mid-diagnosis leaves nothing on."""
+        if self.recording and self.recording_for is client:
+            with self.work:
+                self.release_recording()
+
+    def release_recording(self):
         if self.recording:
             try:
                 torch = _cuda_torch()
@@ -404,6 +503,12 @@ class _State:
             except Exception:
                 pass
             self.recording = False
+            self.recording_for = None
+
+    def release(self):
+        """Forget snapshots and stop what the probe started (at stop or exit)."""
+        self.snapshots = {}
+        self.release_recording()
 
 
 def _int(value, default, low, high, name):
@@ -526,6 +631,7 @@ def _op_history_start(state, request, hung_up):
         except TypeError:  # an older signature: the documented minimum
             record(enabled="state", stacks="python", max_entries=entries)
         state.recording = True
+        state.recording_for = hung_up
     return {"recording": True, "max_entries": entries}
 
 
@@ -536,6 +642,7 @@ def _op_history_stop(state, request, hung_up):
         if was:
             torch.cuda.memory._record_memory_history(enabled=None)
             state.recording = False
+            state.recording_for = None
     return {"recording": False, "stopped": was}
 
 

@@ -8,6 +8,9 @@ A reply's body may be a callable (evaluated per request: time-dependent expositi
 slow (`delay`, cut short when the server closes, so no test waits on a sleeper) or gzipped, and
 `status` may be an error. `server.seen` records the headers of every request.
 
+`RawServer` is the hostile kind: it writes whatever bytes its `respond` function writes, as slowly
+as it likes (a byte a second, a gzip bomb made as it is sent, a status line no server would send).
+
 Also `demo_service()`: gpuscope's demo RAG service as a real child process, and `ask()` to query it.
 """
 
@@ -16,11 +19,14 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -96,6 +102,109 @@ class MetricsServer:
         self._closing.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+# -- hostile servers --------------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    path: str
+    headers: dict[str, str]  # names lowercased
+
+
+class RawServer:
+    """A loopback TCP server answering every request with `respond(request, conn, closing)`.
+
+    `respond` writes raw bytes to `conn` and returns; it must give up once `closing` is set (wait
+    on it rather than sleep), so that closing the server never waits for a slow answer.
+    `seen` records every request (path, headers), whatever is then answered.
+    """
+
+    def __init__(
+        self, respond: Callable[[Request, socket.socket, threading.Event], None], tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.respond = respond
+        self.tls = tls  # answer over TLS with this server context
+        self.seen: list[Request] = []
+        self.connections = 0
+        self.closing = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.port = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def url(self, path: str = "/metrics") -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}{path}"
+
+    def __enter__(self) -> RawServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.closing.set()
+        self._thread.join(5)
+        self._listener.close()
+
+    def _serve(self) -> None:
+        while not self.closing.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        try:
+            if self.tls is not None:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 65536:
+                    data = conn.recv(4096)
+                    if not data:
+                        return
+                    head += data
+                lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+                path = lines[0].split(" ")[1]
+                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+                request = Request(path, headers)
+                self.seen.append(request)
+                self.respond(request, conn, self.closing)
+        except OSError:
+            conn.close()  # the client gave up (or failed the handshake): what a hostile server expects
+
+
+def drip(conn: socket.socket, closing: threading.Event, data: bytes, every: float = 1.0) -> None:
+    """Send `data` one byte every `every` seconds (until the client leaves or the server closes)."""
+    for i in range(len(data)):
+        conn.sendall(data[i : i + 1])
+        if closing.wait(every):
+            return
+
+
+def gzip_bomb(conn: socket.socket, closing: threading.Event, inflated: int = 10 << 30, status: int = 200) -> int:
+    """A gzip body that inflates to `inflated` bytes of zeros (~1/1000 of that on the wire),
+    compressed as it is sent: the server never holds more than a MiB of it. Returns the
+    compressed bytes the client took before it hung up."""
+    conn.sendall(
+        f"HTTP/1.1 {status} OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+        "Content-Encoding: gzip\r\nConnection: close\r\n\r\n".encode()
+    )
+    stream = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(1 << 20)
+    sent = 0
+    for _ in range(inflated >> 20):
+        if closing.is_set():
+            break
+        data = stream.compress(zeros)
+        if data:
+            conn.sendall(data)
+            sent += len(data)
+    conn.sendall(stream.flush())
+    return sent
 
 
 # -- the demo RAG service, as a real child process -------------------------------------------------

@@ -5,6 +5,7 @@ where time goes) — which is why the ladder exists. `memray attach` needs to in
 gdb before Python 3.14; where that would harm the target, the ladder refuses and the target lives.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import venv
 import psutil
 import pytest
 
-from gpuscope.core import allocations
+from gpuscope.core import allocations, privilege
 
 from helpers import wait_until
 
@@ -88,6 +89,23 @@ def test_memray_names_the_leaking_function_first(tmp_path, case):
     suspects = allocations.suspects_from_capture(str(capture), (str(tmp_path) + "/",))
     assert suspects[0].function == leaker and suspects[0].method == "memray"
     assert suspects[0].bytes > 0 and suspects[0].share > 0.5 and suspects[0].file == str(script)
+
+
+def test_a_capture_in_the_folder_shared_with_the_process_is_read_through_the_opened_file(tmp_path):
+    """`memray attach` has the process write its capture into a folder of its owner's: gpuscope
+    reads it as the regular file it opened, without following any link (see tests/security)."""
+    leaker, body = LEAKERS["beside CPU-heavy neighbours"]
+    script = tmp_path / "leaker.py"
+    script.write_text(program(body, 150))
+    with privilege.SharedFolder("memray", privilege.owner_of(os.getpid())) as folder:
+        assert allocations._read_capture(folder, ()) is None  # not written yet
+        capture = os.path.join(folder.shared, "capture.bin")
+        run = subprocess.run([sys.executable, "-m", "memray", "run", "--aggregate", "-q", "-o", capture, str(script)],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        suspects = allocations._read_capture(folder, (str(tmp_path) + "/",))
+    assert suspects[0].function == leaker and suspects[0].file == str(script)
+    assert not os.path.exists(folder.private)
 
 
 def test_stack_sampling_alone_does_not_name_the_leak_and_says_it_is_low_confidence(spawn_python):

@@ -1,6 +1,23 @@
-import random
+"""The P99 change point: the CUSUM itself, and the finding as the serving source makes it and
+every consumer of a snapshot receives it (JSON, journal, report)."""
 
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import replace
+
+from frames import T0
 from gpuscope.core.changepoint import latency_jump
+from gpuscope.core.journal import Journal, session_meta
+from gpuscope.core.profiles import BUILTIN_PROFILES
+from gpuscope.core.recording import open_recording
+from gpuscope.core.report import build_report
+from gpuscope.core.scrape import ScrapeCollector
+from gpuscope.core.serving import ServingSource
+from helpers import wait_until
+from metrics_server import MetricsServer, Reply
+from test_journal import session_frames
 
 
 def noisy(n, level, rng, t0=0.0):
@@ -12,7 +29,7 @@ def test_a_p99_jump_is_found_with_when_it_started():
     points = noisy(60, 0.5, rng) + noisy(30, 1.4, rng, t0=60)
     jump = latency_jump(points)
     assert jump is not None and 58 <= jump.started <= 62
-    assert 0.45 < jump.before < 0.55 and 1.3 < jump.after < 1.5
+    assert 0.45 < jump.before_s < 0.55 and 1.3 < jump.after_s < 1.5
 
 
 def test_noise_and_a_lone_spike_are_not_jumps():
@@ -29,3 +46,65 @@ def test_too_little_history_or_gaps():
     points = noisy(40, 0.5, rng) + [(40 + i, None) for i in range(10)] + noisy(20, 2.0, rng, t0=50)
     jump = latency_jump(points)
     assert jump is not None and jump.started >= 50
+
+
+def test_one_description_of_a_jump():
+    jump = latency_jump([(T0 + i, 0.6) for i in range(20)] + [(T0 + 20 + i, 2.0) for i in range(5)])
+    assert jump.describe().startswith("P99 jumped from 600 ms to 2.00 s at ")
+    assert jump.to_json() == {"started": T0 + 20, "before_s": 0.6, "after_s": 2.0}
+
+
+def histogram(slow: bool) -> str:
+    """100 requests whose P99 sits in (0.1, 0.5] s, or, once slow, in (1, 5] s."""
+    below_one = 90 if slow else 100
+    return (
+        "# TYPE rag_request_latency_seconds histogram\n"
+        'rag_request_latency_seconds_bucket{le="0.1"} 50\n'
+        f'rag_request_latency_seconds_bucket{{le="0.5"}} {below_one}\n'
+        f'rag_request_latency_seconds_bucket{{le="1.0"}} {below_one}\n'
+        'rag_request_latency_seconds_bucket{le="5.0"} 100\n'
+        'rag_request_latency_seconds_bucket{le="+Inf"} 100\n'
+        "rag_request_latency_seconds_sum 30\nrag_request_latency_seconds_count 100\n"
+    )
+
+
+def test_the_serving_source_finds_the_jump_and_every_snapshot_consumer_gets_it(tmp_path):
+    reads = 0
+    lock = threading.Lock()
+
+    def body() -> str:
+        nonlocal reads
+        with lock:
+            reads += 1
+            return histogram(slow=reads > 16)
+
+    snapshots = []
+    with MetricsServer() as server:
+        server.route("/metrics", Reply(body))
+        collector = ScrapeCollector([server.url()], window_s=0.0, profiles=BUILTIN_PROFILES)
+        source = ServingSource(collector, interval=0.05)
+        source.start(snapshots.append)
+        try:
+            wait_until(lambda: reads >= 22, timeout=20, what="22 reads")
+        finally:
+            source.stop()
+    found = [s for s in snapshots if s.p99_jump is not None]
+    assert found, [s.signals.e2e_latency_p99_s for s in snapshots]
+    jump = found[-1].p99_jump
+    assert 0.45 < jump.before_s < 0.5 and jump.after_s > 1.0  # quantiles of the two shapes
+    slow_since = next(s.time for s in snapshots if s.signals.e2e_latency_p99_s > 1.0)
+    assert jump.started == slow_since
+    assert not any(s.p99_jump for s in snapshots if s.time < slow_since)
+    assert found[-1].to_json()["p99_jump"] == jump.to_json()  # `metrics --json`
+
+    # the journal records the finding with the snapshot; the report shows it from there
+    path = tmp_path / "s.gpuscope"
+    j = Journal(path, meta=session_meta("journal"))
+    for f in session_frames(3):
+        j.frame(replace(f, time=snapshots[0].time))
+    for s in snapshots:
+        j.serving(s)
+    j.close()
+    recording = open_recording(path)
+    assert recording.serving[-1].p99_jump == found[-1].p99_jump
+    assert f"**{jump.describe()}**" in build_report(recording)

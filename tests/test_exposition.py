@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.core.exposition import Endpoint, ScrapeError, fetch, parse_exposition, scrape
+from gpuscope.core.exposition import Endpoint, parse_exposition
+from gpuscope.core.scrape import scrape
+from gpuscope.core.serving_model import SourceError
 from gpuscope.core.promql import histogram_quantile, parse_le
 from metrics_server import OPENMETRICS, MetricsServer, Reply
 
@@ -102,11 +104,46 @@ vllm:generation_tokens_total{model_name="m"} 30
 vllm:generation_tokens_created{model_name="m"} 1.7e9
 """
     e = parse_exposition(text)
-    # prometheus_client appends _total to a counter declared without it (a server stores it bare)
-    assert e.series["tgi_request_success_total"][0][1] == 5
-    assert "tgi_request_success" in e.names  # the family name, for detection
+    # kept as exposed, as a Prometheus server stores it (prometheus_client's own parser would
+    # append _total to a counter declared without it)
+    assert e.series["tgi_request_success"][0][1] == 5 and "tgi_request_success_total" not in e.series
     assert e.series["vllm:generation_tokens_total"][0][1] == 30
-    assert "vllm:generation_tokens_created" in e.series  # its own family, harmless
+    assert "vllm:generation_tokens_created" in e.series  # its own series, harmless
+
+
+def test_label_values_escapes_braces_and_odd_spacing():
+    text = (
+        'm{path="/a\\"b",note="x\\ny",empty=""} 1\n'  # escaped quote, newline, empty value
+        'm{path="{}"} 2\n'  # braces in a value: prometheus_client's parser reads it
+        'm  {  a = "1" , } 3 1700000000000\n'  # spaces, a trailing comma, a timestamp
+        '{"my.metric", a="1"} 4\n'  # a quoted UTF-8 name
+        'm{a="1",a="2"} 5\n'  # a label twice: not a sample
+        'm 1_000\n'  # not a Go float
+    )
+    e = parse_exposition(text)
+    assert e.malformed == 2
+    got = {labels: v for labels, v in e.series["m"]}
+    assert got[(("empty", ""), ("note", "x\ny"), ("path", '/a"b'))] == 1
+    assert got[(("path", "{}"),)] == 2 and got[(("a", "1"),)] == 3
+    assert e.series["my.metric"] == [((("a", "1"),), 4.0)]
+
+
+def test_the_parser_agrees_with_prometheus_clients_on_every_fixture():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for path in sorted(FIXTURES.iterdir()):
+        ours = parse_exposition(path.read_text())
+        theirs: dict[str, list] = {}
+        for line in path.read_text().splitlines():  # line by line: it gives up on a whole text
+            try:
+                families = list(text_string_to_metric_families(line + "\n"))
+            except Exception:  # noqa: BLE001 - a line it refuses
+                continue
+            for s in (s for f in families for s in f.samples):
+                theirs.setdefault(s.name, []).append((tuple(sorted(s.labels.items())), float(s.value)))
+        assert {k: sorted(map(repr, v)) for k, v in ours.series.items()} == {
+            k: sorted(map(repr, v)) for k, v in theirs.items()
+        }, path.name
 
 
 def test_le_spellings_nan_and_inf_values():
@@ -163,12 +200,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_scrape_asks_for_openmetrics_and_reads_both_formats(server):
+def test_scrape_asks_for_the_text_format_and_reads_both_formats(server):
     text = scrape(Endpoint.parse(server.url("/metrics")), 5)
     assert text.sample_count == parse_exposition(fixture("sglang_metrics.txt")).sample_count
-    assert "application/openmetrics-text" in server.seen[-1][1]["Accept"]
+    assert text.format == "text/plain; version=0.0.4"
+    # prometheus_client serves OpenMetrics if any is offered, whatever its q: none is
+    assert server.seen[-1][1]["Accept"] == "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
     om = scrape(Endpoint.parse(server.url("/openmetrics")), 5)
     assert om.openmetrics and om.series["c_total"][0][1] == 4
+    assert om.format == "application/openmetrics-text; version=1.0.0"
 
 
 def test_gzip_body(server):
@@ -176,26 +216,39 @@ def test_gzip_body(server):
 
 
 def test_http_500_is_an_answer_not_unreachable(server):
-    with pytest.raises(ScrapeError, match="HTTP 500") as err:
+    with pytest.raises(SourceError, match="HTTP 500") as err:
         scrape(Endpoint.parse(server.url("/500")), 5)
     assert not err.value.unreachable
 
 
-def test_garbage_is_no_metrics(server):
-    with pytest.raises(ScrapeError, match="not with metrics") as err:
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        ("<html><body>Welcome to nginx!</body></html>\n", "an HTML page"),
+        ("<!DOCTYPE html>\n<html>\nrequests 5\n</html>\n", "an HTML page"),  # even with a sample-like line
+        ("this is { not metrics\n", "1 unparseable line, no sample"),
+        ("", "an empty answer"),
+        ("# HELP x y\n# TYPE x gauge\n# EOF\n", "no sample in it"),
+    ],
+    ids=["html", "html-with-a-number", "garbage", "empty", "metadata-only"],
+)
+def test_what_is_not_metrics_says_so(server, body, reason):
+    server.route("/garbage", Reply(body, content_type="text/html" if body.startswith("<") else "text/plain"))
+    with pytest.raises(SourceError) as err:
         scrape(Endpoint.parse(server.url("/garbage")), 5)
+    assert str(err.value) == f"{server.url('/garbage')}: not metrics ({reason})"
     assert not err.value.unreachable
 
 
 def test_down_target_is_unreachable():
-    with pytest.raises(ScrapeError, match="connection refused") as err:
+    with pytest.raises(SourceError, match="connection refused") as err:
         scrape(Endpoint.parse(f"http://127.0.0.1:{free_port()}/metrics"), 5)
     assert err.value.unreachable
 
 
 def test_slow_target_times_out(server):
-    with pytest.raises(ScrapeError, match="within 0.3 s") as err:
-        fetch(Endpoint.parse(server.url("/slow")), 0.3)
+    with pytest.raises(SourceError, match="0.3 s") as err:
+        scrape(Endpoint.parse(server.url("/slow")), 0.3)
     assert err.value.unreachable
 
 
@@ -204,7 +257,7 @@ def test_credentials_in_the_url_are_sent_but_never_shown(server):
     assert "s3cr3t-pw" not in endpoint.display and "s3cr3t-pw" not in repr(endpoint)
     scrape(endpoint, 5)
     assert server.seen[-1][1]["Authorization"].startswith("Basic ")
-    with pytest.raises(ScrapeError) as err:
+    with pytest.raises(SourceError) as err:
         scrape(Endpoint.parse(f"http://scraper:s3cr3t-pw@127.0.0.1:{free_port()}/metrics"), 5)
     assert "s3cr3t-pw" not in str(err.value)
 
@@ -226,3 +279,14 @@ def test_only_the_wanted_lines_are_parsed_but_every_name_is_seen():
     assert "sglang:e2e_request_latency_seconds_bucket" in seen[0] and "garbage" in seen[0]
     assert list(e.series) == ["sglang:num_queue_reqs"] and e.malformed == 0  # nothing else parsed
     assert "sglang:e2e_request_latency_seconds" in e.names
+
+
+def test_garbage_costs_a_bounded_number_of_slow_parses(monkeypatch):
+    from gpuscope.core import exposition
+
+    calls = []
+    slow = exposition._parse_slowly
+    monkeypatch.setattr(exposition, "_parse_slowly", lambda *a: calls.append(1) or slow(*a))
+    e = parse_exposition("this is { not metrics\n" * 5000 + 'good{a="b"} 1\n')
+    assert e.malformed == 5000 and e.series["good"] == [((("a", "b"),), 1.0)]
+    assert len(calls) == exposition.MAX_SLOW_LINES

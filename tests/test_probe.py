@@ -129,10 +129,27 @@ def test_a_folder_left_too_open_is_made_private(runtime):
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="making a folder of another user needs root")
-def test_a_folder_of_another_user_is_refused_without_raising(runtime, capsys):
+def test_a_folder_name_taken_by_another_user_is_left_alone_and_a_private_folder_beside_it_used(runtime):
+    runtime.mkdir(mode=0o777)
+    os.chmod(runtime, 0o777)
+    os.chown(runtime, 65534, 65534)
+    path = probe.start()
+    assert path, probe.last_error()
+    folder = Path(path).parent
+    assert folder.parent == runtime.parent and folder.name.startswith("gpuscope-")
+    st = os.lstat(folder)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    assert list(runtime.iterdir()) == []  # nothing written into the other user's folder
+    assert probe_client.probe_path(os.getpid()) == path  # the client looks beside it too
+    probe.stop()
+    assert probe.start() == path  # the same private folder next time
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a folder of another user needs root")
+def test_an_explicit_path_in_a_folder_of_another_user_is_refused_without_raising(runtime, capsys):
     runtime.mkdir(mode=0o700)
     os.chown(runtime, 65534, 65534)
-    assert probe.start() is None
+    assert probe.start(path=str(runtime / "probe.sock")) is None
     assert "another user" in probe.last_error()
     assert "gpuscope probe: not started" in capsys.readouterr().err
 
@@ -327,6 +344,20 @@ def test_torch_history_rung_names_the_function_that_keeps_cuda_blocks(spawn_pyth
     assert top.bytes == top.count * (4 << 20) and top.count >= 10  # bytes still held, not churn
     with connect(child.pid) as client:
         assert client.hello()["history"] is False  # recording was stopped again
+
+
+def test_history_recording_stops_when_the_client_that_started_it_goes_away(spawn_python):
+    """A gpuscope killed mid-diagnosis must not leave the allocator recording stacks in the service."""
+    child = probed(spawn_python, IDLE, FAKE_CUDA)
+    starter = connect(child.pid)
+    assert starter.history_start(max_entries=1000)["recording"] is True
+    with connect(child.pid) as other:
+        assert other.hello()["history"] is True
+        starter.close()  # as the kernel does for a client killed with SIGKILL
+        wait_until(lambda: other.hello()["history"] is False, timeout=5, what="recording to stop")
+        assert other.history_start()["recording"] is True
+    with connect(child.pid) as again:  # the client that started it went: stopped again
+        wait_until(lambda: again.hello()["history"] is False, timeout=5, what="recording to stop")
 
 
 def test_snapshots_are_bounded_and_diff_needs_two(spawn_python):

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from gpuscope.config import ConfigError, config_path, load_config
 from gpuscope.core.exposition import parse_exposition
-from gpuscope.core.profiles import BUILTIN_PROFILES, MetricRef, detect, load_profiles
+from gpuscope.core.profiles import BUILTIN_PROFILES, MetricRef, detect, load_profiles, resolve, spellings
 from gpuscope.core.promql import histogram_quantile, parse_le
 from gpuscope.core.prometheus import PrometheusAuth
 from gpuscope.core.scrape import ScrapeCollector
@@ -51,6 +51,36 @@ def evaluate(text: str, window_s: float = 0.0, profiles=BUILTIN_PROFILES):
 def test_detection(text, profile):
     found = detect(BUILTIN_PROFILES, parse_exposition(text).names)
     assert (found.name if found else None) == profile
+
+
+def test_a_metric_is_found_under_its_escaped_spellings():
+    assert spellings("vllm:e2e_request_latency_seconds") == (
+        "vllm:e2e_request_latency_seconds", "vllm_e2e_request_latency_seconds")
+    assert spellings("http.server.duration") == ("http.server.duration", "http_server_duration")
+    assert spellings("a:b.c") == ("a:b.c", "a:b_c", "a_b_c")  # the spec's underscores, and prometheus_client's
+    assert spellings("rag_request_total") == ("rag_request_total",)
+
+
+def test_what_a_prometheus_stored_from_a_mangled_scrape_reads_as_the_server():
+    # the sample names Prometheus 2.x stores from prometheus_client 0.26's OpenMetrics (no family names)
+    stored = {"vllm_e2e_request_latency_seconds_bucket", "vllm_e2e_request_latency_seconds_sum",
+              "vllm_request_success_total", "vllm_num_requests_waiting", "vllm_kv_cache_usage_perc"}
+    vllm = detect(BUILTIN_PROFILES, stored)
+    assert vllm.name == "vllm"
+    slots = resolve(vllm, stored).slots
+    assert slots["e2e"].selector.name == "vllm_e2e_request_latency_seconds"
+    assert str(slots["errors"].selector) == 'vllm_request_success_total{finished_reason=~"abort|error"}'
+    assert slots["queue"].selector.name == "vllm_num_requests_waiting"
+    assert slots["kv_cache"].selector.name == "vllm_kv_cache_usage_perc"  # the V1 name, the first alternative
+    assert slots["ttft"] is None
+    # a name present as it is named wins over its escaped spelling
+    assert resolve(vllm, stored | {"vllm:num_requests_waiting"}).slots["queue"].selector.name == "vllm:num_requests_waiting"
+
+
+def test_a_counter_is_found_where_its_samples_are_not_its_family_name():
+    # OpenMetrics: `# TYPE vllm:request_success counter` names the family; the samples are elsewhere
+    present = {"vllm:request_success", "vllm_request_success_total"}
+    assert resolve(BUILTIN_PROFILES[0], present).slots["requests"].selector.name == "vllm_request_success_total"
 
 
 def test_sglang_signals_from_its_sample():

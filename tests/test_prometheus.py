@@ -9,12 +9,14 @@ fleet view). The same data read by the scrape source and by PromQL must agree: q
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ from gpuscope.core.scrape import ScrapeCollector
 from gpuscope.core.serving import ServingSource, observe
 from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
 from helpers import gpuscope_cmd, require_tool, wait_until
-from metrics_server import MetricsServer, Reply, ask, demo_service, linear_exposition
+from metrics_server import MetricsServer, RawServer, Reply, ask, demo_service, linear_exposition
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -73,10 +75,46 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else None
 
 
+@contextlib.contextmanager
+def running_prometheus(tmp: Path, jobs: Sequence[tuple[str, str, str]]) -> Iterator[Prometheus]:
+    """Prometheus (Debian's package) on a free loopback port, scraping each (job, metrics path,
+    host:port) every second with its own default Accept header; stopped afterwards."""
+    binary = require_tool("prometheus")
+    config = "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n" + "".join(
+        f"  - job_name: {job}\n    metrics_path: {path}\n    static_configs: [{{targets: ['{target}']}}]\n"
+        for job, path, target in jobs
+    )
+    (tmp / "prometheus.yml").write_text(config)
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )
+    prom = Prometheus(f"http://127.0.0.1:{port}", tmp / "data")
+    try:
+        wait_until(lambda: _ready(prom) or proc.poll() is not None, timeout=30, what="Prometheus to be ready")
+        assert proc.poll() is None, "prometheus exited at start"
+        # Debian's packaged service listens on :9090; make sure this is the one started here.
+        assert prom.get("/api/v1/status/flags")["data"]["storage.tsdb.path"] == str(tmp / "data")
+        yield prom
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """(prometheus, demo base URL, test endpoints server)."""
-    binary = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
     with demo_service() as demo, MetricsServer() as endpoints:
         started = time.time()
@@ -86,38 +124,10 @@ def stack(tmp_path_factory):
         here = f"127.0.0.1:{endpoints.port}"
         demo_target = demo.removeprefix("http://")
         jobs = [("demo", "/metrics", demo_target), ("static", "/static", here), ("linear", "/linear", here), ("dcgm", "/dcgm", here)]
-        config = "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n" + "".join(
-            f"  - job_name: {job}\n    metrics_path: {path}\n    static_configs: [{{targets: ['{target}']}}]\n"
-            for job, path, target in jobs
-        )
-        (tmp / "prometheus.yml").write_text(config)
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-        )
-        prom = Prometheus(f"http://127.0.0.1:{port}", tmp / "data")
-        try:
-            wait_until(lambda: _ready(prom) or proc.poll() is not None, timeout=30, what="Prometheus to be ready")
-            assert proc.poll() is None, "prometheus exited at start"
-            # Debian's packaged service listens on :9090; make sure this is the one started here.
-            assert prom.get("/api/v1/status/flags")["data"]["storage.tsdb.path"] == str(tmp / "data")
+        with running_prometheus(tmp, jobs) as prom:
             for i in range(3):
                 ask(demo, f"why is memory growing {i}")
             yield prom, demo, endpoints
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
 
 
 def _ready(prom: Prometheus) -> bool:
@@ -327,3 +337,24 @@ def test_slow_prometheus_times_out():
         snap = observe(collector)
     assert time.monotonic() - started < 5
     assert snap.state == f"no answer from Prometheus at {slow.url('')} within 0.3 s"
+
+
+def test_a_restarting_prometheus_is_asked_again():
+    """502/503/504 (a proxy in front of a Prometheus that restarts) and refused connections are
+    retried with a backoff, within the request's one deadline."""
+    answers = [b"503 Service Unavailable", b"502 Bad Gateway", b"200 OK"]
+
+    def restarting(request, conn, closing) -> None:
+        status = answers.pop(0) if answers else b"200 OK"
+        names = request.path.startswith("/api/v1/label/")
+        body = b'{"status":"success","data":[]}' if names else b'{"status":"success","data":{"result":[]}}'
+        conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    with RawServer(restarting) as server:
+        snap = observe(PrometheusCollector(server.url(""), window_s=0, profiles=BUILTIN_PROFILES, retries=0))
+        assert snap.state == f"Prometheus at {server.url('')} answered HTTP 503"
+        started = time.monotonic()
+        snap = observe(PrometheusCollector(server.url(""), window_s=0, profiles=BUILTIN_PROFILES, retries=2))
+        assert snap.ok, snap.state
+        assert 0.25 <= time.monotonic() - started < 3  # 0.25 s after the 502
+        assert len(server.seen) == 4  # 503; 502, then the names and the query

@@ -128,9 +128,12 @@ def test_slow_target_times_out_and_stop_does_not_wait_for_it(server, running):
     "reply, state",
     [
         (Reply("boom", status=500), r"http://127\.0\.0\.1:\d+/metrics answered HTTP 500 Internal Server Error"),
-        (Reply("Service Unavailable\n<html>\n"), r".*answered, but not with metrics \(2 unparseable lines\)"),
+        (Reply("Service Unavailable\n<html>\n"), r"http://127\.0\.0\.1:\d+/metrics: not metrics \(an HTML page\)"),
+        (Reply("this is { not metrics\n"), r"http://127\.0\.0\.1:\d+/metrics: not metrics \(1 unparseable line, no sample\)"),
+        (Reply("# HELP vllm:num_requests_waiting q\n# TYPE vllm:num_requests_waiting gauge\n"),
+         r"http://127\.0\.0\.1:\d+/metrics: not metrics \(no sample in it\)"),
     ],
-    ids=["http-500", "garbage"],
+    ids=["http-500", "html", "garbage", "no-samples"],
 )
 def test_wrong_answers_are_states_and_it_recovers(server, running, reply, state):
     server.route("/metrics", Reply(STATIC))
@@ -224,8 +227,10 @@ def test_command_window_0_on_the_demo_service(demo):
     out = metrics_cmd("--metrics-url", f"{demo}/metrics", "--window", "0", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert list(doc) == ["schema", "source", "target", "profile", "window_s", "signals", "stages"]
+    # the contract's seven keys in order, then the ones added since
+    assert list(doc) == ["schema", "source", "target", "profile", "window_s", "signals", "stages", "format", "p99_jump"]
     assert (doc["schema"], doc["source"], doc["target"], doc["profile"]) == (SCHEMA, "scrape", f"{demo}/metrics", "rag")
+    assert doc["format"].startswith("text/plain; version=") and doc["p99_jump"] is None  # as the server declares it
     assert doc["window_s"] == 0.0
     assert list(doc["signals"]) == list(SIGNAL_NAMES)
     assert doc["signals"]["tokens_per_s"] is None and doc["signals"]["requests_per_s"] is None
@@ -266,7 +271,7 @@ def test_command_table(demo):
     [
         (None, [], r"gpuscope: cannot reach http://127\.0\.0\.1:\d+/metrics: connection refused"),
         (Reply("boom", status=500), [], r"gpuscope: http://127\.0\.0\.1:\d+/metrics answered HTTP 500"),
-        (Reply("this is not\nan exposition\n"), [], r"gpuscope: .* answered, but not with metrics"),
+        (Reply("this is not\nan exposition\n"), [], r"gpuscope: .*/metrics: not metrics \(2 unparseable lines, no sample\)"),
     ],
     ids=["unreachable", "http-500", "garbage"],
 )
@@ -303,3 +308,14 @@ def test_command_bad_input_exits_2(args, pattern):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert re.match(pattern, out.stderr)
+
+
+@pytest.mark.parametrize("window", [[], ["--window", "30"]], ids=["now", "window-30"])
+def test_command_fails_on_the_first_scrape_of_what_is_not_metrics(window):
+    with MetricsServer() as s:
+        s.route("/metrics", Reply("this is { not metrics\n"))
+        started = time.monotonic()
+        out = metrics_cmd("--metrics-url", s.url(), *window, timeout=30)
+    assert time.monotonic() - started < 10 and len([p for p, _ in s.seen if p == "/metrics"]) == 1
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.splitlines()[0] == f"gpuscope: {s.url()}: not metrics (1 unparseable line, no sample)"

@@ -7,7 +7,9 @@
     slo.ttft_p95_s = 0.8                  # default
     ...
 
-Secrets (the Prometheus token and password) are shown as set or not set, never their value.
+Secrets (the Prometheus token and password) are shown as set or not set, never their value;
+every other value passes through redact_text, so a password in a URL (`http://user:pw@host`) or
+a token-shaped value is masked in the text and in --json alike.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 
 from gpuscope.cli import settings
 from gpuscope.config import SECRET_KEYS, config_path
+from gpuscope.core.redact import redact_text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     where = str(config.path) if config.path else f"{config_path()} (not found: defaults apply)"
     lines = [f"# file: {where}"]
-    assigned = [f"{s.key} = {s.shown}" for s in effective.values()]
+    assigned = [f"{s.key} = {redact_text(s.shown)}" for s in effective.values()]
     width = max(len(a) for a in assigned)
     for text, s in zip(assigned, effective.values()):
         origin = s.origin + (f" {s.detail}" if s.detail else "")
@@ -55,4 +59,15 @@ def run(args: argparse.Namespace) -> int:
 def _json_value(key: str, value: object) -> object:
     if key in SECRET_KEYS:
         return None if value is None else "(set)"
-    return list(value) if isinstance(value, tuple) else value
+    return _redacted(value)
+
+
+def _redacted(value: object) -> object:
+    """`value` for JSON with every string in it redacted (a list of URLs, a profile's table)."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, (tuple, list)):
+        return [_redacted(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _redacted(v) for k, v in value.items()}
+    return value

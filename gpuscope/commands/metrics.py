@@ -1,12 +1,21 @@
 """`gpuscope metrics (--metrics-url URL ... | --prometheus URL [--job J] [--instance I])
-[--window SECONDS] [--json]`: the service's signals now.
+[--window SECONDS] [--watch] [--json]`: the service's signals now.
 
-With --metrics-url and a window W > 0 the command watches the endpoint(s) for W seconds (a
-scrape about every second, said on stderr) and computes rates and windowed quantiles from those
-scrapes as Prometheus would; with --window 0, quantiles over the cumulative buckets of one
-scrape, rates null. Several --metrics-url are one service: their series are summed as
-`sum by (le)` sums instances, and the target is the URLs joined by ",". With --prometheus the
-server already holds the history: one query.
+Now means now. With --metrics-url and no --window: two scrapes NOW_WINDOW_S apart, rates and
+windowed quantiles from those two as Prometheus would compute them over that window (the JSON
+says `window_s`). --window W > 0 watches the endpoint(s) for W seconds, a scrape about every
+second; --window 0 reads one scrape: quantiles over its cumulative buckets, rates null. Several
+--metrics-url are one service: their series are summed as `sum by (le)` sums instances, and the
+target is the URLs joined by ",". With --prometheus the server already holds the history: one
+query, over PROMETHEUS_WINDOW_S unless --window says otherwise.
+
+--watch then keeps reading (the console's serving source, so its history and the P99 jump it
+finds) and prints the signals again every refresh interval R (--refresh, or the settings file's
+console.refresh_s) until Ctrl+C; with --json, one object per line. Its default window is the
+larger of NOW_WINDOW_S and 3 R, scraped about every second from the start.
+
+The settings (the file of --config or $GPUSCOPE_CONFIG: profiles, Prometheus credentials, job
+and instance) are the ones the command line resolves for every command.
 """
 
 from __future__ import annotations
@@ -14,13 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
-from gpuscope.config import ConfigError, load_config
-from gpuscope.core.serving import make_collector, observe
+from gpuscope.cli import settings
+from gpuscope.config import ConfigError
+from gpuscope.core.serving import ServingSource, make_collector, observe
 from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
 from gpuscope.errors import Failure, UsageError
 
+NOW_WINDOW_S = 3.0  # "now" from a /metrics endpoint: two scrapes about this far apart
+NOW_READS = 2
+PROMETHEUS_WINDOW_S = 30.0  # "now" from Prometheus, which scrapes every 15-60 s
 MAX_SCRAPE_WINDOW_S = 3600.0  # the command watches the endpoint this long; beyond, use Prometheus
+CLEAR = "\x1b[H\x1b[2J"  # --watch on a terminal: each refresh replaces the last
 LABELS = {
     "e2e_latency_p50_s": "e2e latency p50",
     "e2e_latency_p95_s": "e2e latency p95",
@@ -46,31 +61,80 @@ def check_window(window_s: float, scrape: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_window(args.window, bool(args.metrics_url))
+    scrape = bool(args.metrics_url)
+    config, effective = settings(args)
+    refresh_s = effective["console.refresh_s"].value
+    if args.window is not None:
+        window_s = args.window
+    elif not scrape:
+        window_s = PROMETHEUS_WINDOW_S
+    else:  # --watch keeps scraping every refresh: rates need a few of those scrapes in the window
+        window_s = max(NOW_WINDOW_S, 3 * refresh_s) if args.watch else NOW_WINDOW_S
+    check_window(window_s, scrape)
+    job, instance = args.job, args.instance
+    if not scrape:  # the flags, else the environment and the settings file
+        job, instance = effective["prometheus.job"].value, effective["prometheus.instance"].value
     try:
-        config = load_config()
         collector = make_collector(
-            window_s=args.window,
+            window_s=window_s,
             metrics_urls=args.metrics_url,
             prometheus=args.prometheus,
-            job=args.job,
-            instance=args.instance,
+            job=job,
+            instance=instance,
             config=config,
         )
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    snapshot = observe(collector, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    snapshot = observe(
+        collector,
+        # "now": two scrapes; for --watch, scrapes about a second apart from the start, as the
+        # live source goes on, so that no window has a gap (rate() would then extrapolate less)
+        reads=NOW_READS if args.window is None and not args.watch else None,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        keep_open=args.watch,
+    )
     if not snapshot.ok:
+        collector.close()
         hint = "check the URL, and that the service serves /metrics" if snapshot.source == "scrape" else (
             "check the URL and that Prometheus is up (and the credentials, if it needs them)"
         )
         raise Failure(f"{snapshot.state}\n{hint}")
-    if args.json:
+    show(snapshot, args.json)
+    if args.watch:
+        watch(ServingSource(collector, interval=refresh_s), args.json)
+    return 0
+
+
+def watch(source: ServingSource, as_json: bool) -> None:
+    """Print the source's newest snapshot every interval until interrupted (Ctrl+C)."""
+    clear = CLEAR if not as_json and sys.stdout.isatty() else ""
+    shown: ServingSnapshot | None = None
+    source.start(lambda snapshot: None)  # read from the main thread, once an interval
+    next_at = time.monotonic()
+    try:
+        while True:
+            next_at += source.interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            snapshot = source.latest
+            if snapshot is None or snapshot is shown:
+                continue
+            shown = snapshot
+            if not snapshot.ok:
+                print(f"gpuscope: {snapshot.state}", file=sys.stderr, flush=True)
+                continue
+            show(snapshot, as_json, clear)
+    finally:
+        source.stop()
+
+
+def show(snapshot: ServingSnapshot, as_json: bool, clear: str = "") -> None:
+    if as_json:
         json.dump(snapshot.to_json(), sys.stdout)
         sys.stdout.write("\n")
     else:
+        sys.stdout.write(clear)
         print_table(snapshot)
-    return 0
+    sys.stdout.flush()
 
 
 def format_value(name: str, value: float | None) -> str:
@@ -95,10 +159,12 @@ def format_seconds(value: float | None) -> str:
 
 def print_table(snapshot: ServingSnapshot) -> None:
     window = "cumulative (one scrape)" if snapshot.window_s == 0 else f"{snapshot.window_s:g} s"
-    print(f"{snapshot.source}: {snapshot.target}")
+    print(f"{snapshot.source}: {snapshot.target}" + (f"  ({snapshot.format})" if snapshot.format else ""))
     print(f"profile: {snapshot.profile or 'none detected'}   window: {window}")
     if snapshot.malformed_lines:
         print(f"# {snapshot.malformed_lines} malformed line(s) skipped", file=sys.stderr)
+    if snapshot.p99_jump is not None:
+        print(snapshot.p99_jump.describe())
     print()
     width = max(len(v) for v in LABELS.values())
     for name in SIGNAL_NAMES:

@@ -7,8 +7,10 @@ import json
 import sys
 import time
 
+from gpuscope.cli import settings
 from gpuscope.core.model import Frame
 from gpuscope.core.node import NodeSource
+from gpuscope.core.printable import printable
 from gpuscope.core.units import format_bytes
 
 
@@ -23,19 +25,25 @@ def sample_processes() -> Frame:
 
 
 def run(args: argparse.Namespace) -> int:
+    # No setting changes this table, but the settings are resolved as for every command, so a
+    # bad --config (or $GPUSCOPE_CONFIG) is refused here too rather than silently ignored.
+    settings(args)
     frame = sample_processes()
     rows = sorted(frame.processes, key=lambda r: (r.gpu is None, -(r.gpu_memory_bytes or 0), -(r.rss_bytes or 0)))
     if args.json:
-        json.dump([r.to_json() for r in rows], sys.stdout)
+        # Other people's text: printable here too, for the script that prints it with `jq -r`.
+        json.dump([{k: printable(v) if isinstance(v, str) else v for k, v in r.to_json().items()} for r in rows],
+                  sys.stdout)
         sys.stdout.write("\n")
         return 0
     for line in (frame.nvml.status, *frame.notices):
         if line:
-            print(f"# {line}", file=sys.stderr)
+            print(f"# {printable(line)}", file=sys.stderr)
     print(f"{'PID':>7} {'USER':<10} {'GPU':>3} {'GPU MEM':>8} {'RSS':>8} {'CPU%':>6}  COMMAND")
     for r in rows:
         gpu = "-" if r.gpu is None else str(r.gpu)
         gmem = "-" if r.gpu is None else format_bytes(r.gpu_memory_bytes)
         cpu = "" if r.cpu_percent is None else f"{r.cpu_percent:.1f}"
-        print(f"{r.pid:>7} {(r.user or '?')[:10]:<10} {gpu:>3} {gmem:>8} {format_bytes(r.rss_bytes):>8} {cpu:>6}  {r.command}")
+        user = printable(r.user or "?")[:10]
+        print(f"{r.pid:>7} {user:<10} {gpu:>3} {gmem:>8} {format_bytes(r.rss_bytes):>8} {cpu:>6}  {printable(r.command)}")
     return 0

@@ -18,6 +18,14 @@ that kills the target (gdb 13 cannot restore registers on CPUs with AMX state; t
 system call then fails in the target), so gpuscope first tries the same injection on a throwaway
 process of the same interpreter and refuses to touch the real one if the throwaway is harmed. A
 process with a probe needs none of that: it runs memray's tracker itself when asked.
+
+gpuscope usually runs as root, and the target's interpreter, environment and files belong to its
+owner: the checks that run them (is memray importable there, which Python is it, the throwaway
+process) run as that owner (`gpuscope.core.privilege`), gdb reads no init file and auto-loads
+nothing from the target's files, and the capture memray writes goes into a folder of the
+owner's inside a private one of gpuscope's, read only as a regular file of the owner's.
+`memray attach` runs gpuscope's own memray, whose gdb also reads no init file (so gdb's
+auto-load safe-path stays the system's folders).
 """
 
 from __future__ import annotations
@@ -27,7 +35,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -36,7 +43,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpuscope.core import probe_client, pyspy
+from gpuscope.core import privilege, probe_client, pyspy
+from gpuscope.core.printable import printable_line
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect, classify, owner_frame
 
 MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC = (3, 14)
@@ -130,18 +138,34 @@ def suspects_from_capture(path: str, roots: Sequence[str] = ()) -> tuple[Suspect
 # -- can memray be attached to this process, safely? -----------------------------------------------
 
 
-def target_interpreter(pid: int) -> tuple[str, dict[str, str]]:
-    """The interpreter that runs `pid` and the environment it imports with.
+@dataclass(frozen=True, slots=True)
+class Interpreter:
+    """The interpreter that runs a process, the environment it imports with, and whose rights run it."""
+
+    path: str
+    env: dict[str, str]
+    owner: privilege.Owner
+
+
+def target_interpreter(pid: int) -> Interpreter:
+    """The interpreter that runs `pid`, to be run only with the rights of the process's owner.
 
     argv[0] is preferred to /proc/PID/exe: a virtualenv's python resolves to the base interpreter,
-    which would not see the venv's packages. Only the variables that decide imports are taken from
-    the target's environment (it may hold secrets).
+    which would not see the venv's packages. argv[0] is whatever the process set, so it (and its
+    environment) are run only as the process's owner (`gpuscope.core.privilege`). Only the
+    variables that decide imports are taken from the target's environment (it may hold secrets).
+    Raises psutil errors, privilege.NotPermitted.
     """
     proc = psutil.Process(pid)
     args = proc.cmdline()
     exe = proc.exe()
+    try:
+        owner = privilege.owner_of(pid)
+    except (OSError, ValueError):
+        raise psutil.NoSuchProcess(pid) from None
+    privilege.require_can_act_as(owner, pid)
     python = args[0] if args and os.path.isabs(args[0]) and os.access(args[0], os.X_OK) else exe
-    env = {"PATH": os.environ.get("PATH", "")}
+    env = {"PATH": privilege.SAFE_PATH}
     try:
         theirs = proc.environ()
     except psutil.AccessDenied:
@@ -149,44 +173,50 @@ def target_interpreter(pid: int) -> tuple[str, dict[str, str]]:
     for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONNOUSERSITE"):
         if name in theirs:
             env[name] = theirs[name]
-    return python, env
+    return Interpreter(python, env, owner)
 
 
-def _python_version(python: str, env: dict[str, str]) -> tuple[int, int] | None:
-    out = _run([python, "-c", "import sys; print('%d %d' % sys.version_info[:2])"], env, 20)
+def run_python(interpreter: Interpreter, code: str, timeout: float) -> subprocess.CompletedProcess | None:
+    """`python -c code` with the target's interpreter and imports, as the target's owner."""
+    return privilege.run_as(interpreter.owner, [interpreter.path, "-c", code], env=interpreter.env, timeout=timeout)
+
+
+def python_version(interpreter: Interpreter) -> tuple[int, int] | None:
+    out = run_python(interpreter, "import sys; print('%d %d' % sys.version_info[:2])", 20)
     if out is None or out.returncode != 0:
         return None
-    major, minor = out.stdout.split()
-    return int(major), int(minor)
-
-
-def _run(cmd: list[str], env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess | None:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
+        major, minor = out.stdout.split()
+        return int(major), int(minor)
+    except ValueError:
         return None
 
 
-_SAFE_INJECTION: dict[str, str | None] = {}  # interpreter -> None if safe, else why not
+# gdb started by gpuscope reads no init file (-nx) and auto-loads nothing (no script, no
+# libthread_db) from the files of the process it attaches to: those belong to the target's owner.
+GDB_SAFE = ["-nx", "-iex", "set auto-load off"]
+
+_SAFE_INJECTION: dict[tuple[str, int], str | None] = {}  # (interpreter, owner) -> None if safe, else why not
 _SAFE_LOCK = threading.Lock()
 
 
-def injection_problem(python: str, env: dict[str, str]) -> str | None:
+def injection_problem(interpreter: Interpreter) -> str | None:
     """Why gdb must not call into a process of this interpreter here (None: it is safe).
 
-    gdb attaches to a throwaway `python -c "sleep"` and calls a function in it, as memray's
-    injection does; if gdb reports an error, or the throwaway does not survive unharmed, the real
-    target would not either.
+    gdb attaches to a throwaway `python -c "sleep"` (run as the target's owner) and calls a
+    function in it, as memray's injection does; if gdb reports an error, or the throwaway does not
+    survive unharmed, the real target would not either.
     """
+    key = (interpreter.path, interpreter.owner.uid)
     with _SAFE_LOCK:
-        if python in _SAFE_INJECTION:
-            return _SAFE_INJECTION[python]
+        if key in _SAFE_INJECTION:
+            return _SAFE_INJECTION[key]
         gdb = shutil.which("gdb")
         if gdb is None:
             problem = "gdb is not installed (memray needs it to attach before Python 3.14): apt-get install gdb"
         else:
-            problem = _canary(gdb, python, env)
-        _SAFE_INJECTION[python] = problem
+            problem = _canary(gdb, interpreter)
+        _SAFE_INJECTION[key] = problem
         return problem
 
 
@@ -199,106 +229,133 @@ _CANARY = (
 )
 
 
-def _canary(gdb: str, python: str, env: dict[str, str]) -> str | None:
-    canary = subprocess.Popen([python, "-c", _CANARY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def _canary(gdb: str, interpreter: Interpreter) -> str | None:
+    shown = printable_line(interpreter.path)
     try:
-        if canary.stdout.readline().strip() != "ready":
-            return f"a test process of {python} did not start"
-        out = _run([gdb, "-batch", "-nx", "-p", str(canary.pid), "-ex", "call (int) getpid()"], None, 30)
+        canary = privilege.popen_as(interpreter.owner, [interpreter.path, "-c", _CANARY], env=interpreter.env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except (OSError, subprocess.SubprocessError, privilege.NotPermitted):
+        return f"a test process of {shown} did not start"
+    try:
+        if privilege.read_until(canary.stdout, time.monotonic() + 20, line=True).strip() != "ready":
+            return f"a test process of {shown} did not start"
+        out = privilege.run_as(None, [gdb, "-batch", *GDB_SAFE, "-p", str(canary.pid), "-ex", "call (int) getpid()"],
+                               timeout=30)
         time.sleep(0.3)  # long enough for a damaged sleep() to fail in the canary
         if canary.poll() is not None:
-            why = (canary.stderr.read() or "").strip().splitlines()[-1:] or ["it exited"]
-            return f"gdb harmed a test process when calling into it ({why[0]}); attaching would likely crash the service"
+            said = privilege.read_until(canary.stderr, time.monotonic() + 1).strip().splitlines()[-1:] or ["it exited"]
+            why = printable_line(said[0])
+            return f"gdb harmed a test process when calling into it ({why}); attaching would likely crash the service"
         if out is None:
             return "gdb did not finish calling into a test process within 30 s"
         failure = re.search(r"^(Couldn't .*|Cannot .*|.*[Ee]rror.*)$", out.stdout + out.stderr, re.MULTILINE)
         if failure and "warning" not in failure.group(0).lower():
-            return f"gdb cannot call into processes on this machine ({failure.group(1).strip()})"
+            return f"gdb cannot call into processes on this machine ({printable_line(failure.group(1).strip())})"
         return None
     finally:
         canary.kill()
         canary.wait()
+        canary.stdout.close()
+        canary.stderr.close()
 
 
-def memray_importable(python: str, env: dict[str, str]) -> bool:
-    out = _run([python, "-c", "import memray"], env, 30)
+def memray_importable(interpreter: Interpreter) -> bool:
+    out = run_python(interpreter, "import memray", 30)
     return out is not None and out.returncode == 0
 
 
-def check_attach(pid: int) -> tuple[str, dict[str, str]]:
+def check_attach(pid: int) -> Interpreter:
     """Everything that must hold before memray touches `pid`. Raises AttachRefused."""
     try:
-        python, env = target_interpreter(pid)
+        interpreter = target_interpreter(pid)
     except psutil.NoSuchProcess:
         raise AttachRefused(f"process {pid} exited") from None
     except psutil.AccessDenied:
         raise AttachRefused(f"not permitted to read process {pid}: {pyspy.PERMISSION_HELP}") from None
-    if not memray_importable(python, env):
+    except privilege.NotPermitted as exc:
+        raise AttachRefused(str(exc)) from None
+    if not memray_importable(interpreter):
         raise AttachRefused(
-            f"memray is not importable by the service's interpreter ({python}): install it into the service's "
-            "environment (pip install memray, or install gpuscope there), then try again"
+            f"memray is not importable by the service's interpreter ({printable_line(interpreter.path)}): "
+            "install it into the service's environment (pip install memray, or install gpuscope there), then try again"
         )
-    version = _python_version(python, env)
+    version = python_version(interpreter)
     if version is None or version < MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC:
-        problem = injection_problem(python, env)
+        problem = injection_problem(interpreter)
         if problem:
             raise AttachRefused(f"memray will not be attached: {problem}")
-    return python, env
+    return interpreter
 
 
 # -- the memray rung ---------------------------------------------------------------------------------
 
+MEMRAY_WINDOW_MAX_S = 30  # memray attach tracks at most this long: it stops by itself even if gpuscope is killed
+CAPTURE_LIMIT = 1 << 30  # bytes: a larger capture is not read
+
+
+def memray_cli() -> list[str]:
+    """gpuscope's own memray (run in "/", so that nothing in the caller's folder is imported)."""
+    return [sys.executable, "-m", "memray"]
+
 
 def memray_suspects(pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False) -> tuple[Suspect, ...]:
-    """Attach memray for `duration` seconds; the allocations still alive at the end, by owning frame.
+    """Attach memray for `duration` seconds (at most MEMRAY_WINDOW_MAX_S); the allocations still
+    alive at the end, by owning frame.
 
-    Tracking is always detached: on success memray stops by itself after `duration`; on a timeout,
-    an error or a cancel, `memray detach` is run before returning.
+    Tracking is always detached: memray stops by itself after the window (also when gpuscope is
+    killed meanwhile); on a timeout, an error or a cancel, `memray detach` is run before returning.
+    The process writes its capture into a folder of its owner's inside a private one of
+    gpuscope's (`privilege.SharedFolder`), removed afterwards.
     """
-    check_attach(pid)
-    memray_cli = [sys.executable, "-m", "memray"]
+    interpreter = check_attach(pid)
+    window = min(MEMRAY_WINDOW_MAX_S, max(1, round(duration)))
     roots = pyspy.own_roots(pid)
-    with tempfile.TemporaryDirectory(prefix="gpuscope-memray-") as folder:
-        os.chmod(folder, 0o777)  # the target writes the capture: it may run as another user
-        capture = os.path.join(folder, "capture.bin")
+    with privilege.SharedFolder("memray", interpreter.owner) as folder:
+        folder.hand_over()
+        capture = os.path.join(folder.shared, "capture.bin")
         attached = False
         try:
-            out = _run(
-                memray_cli + ["attach", "--aggregate", "-f", "-o", capture, "--duration", str(max(1, round(duration))), str(pid)],
-                None,
-                ATTACH_TIMEOUT_S,
-            )
+            attach = ["attach", "--aggregate", "-f", "-o", capture, "--duration", str(window), str(pid)]
+            out = privilege.run_as(None, memray_cli() + attach, timeout=ATTACH_TIMEOUT_S)
             if out is None or out.returncode != 0:
                 last = ((out.stderr or out.stdout).strip().splitlines()[-1:] if out else []) or ["no answer"]
-                raise AttachRefused(f"memray could not attach to process {pid}: {last[0]}")
+                raise AttachRefused(f"memray could not attach to process {pid}: {printable_line(last[0])}")
             attached = True
-            deadline = time.monotonic() + duration + 30.0
+            deadline = time.monotonic() + window + 30.0
             while time.monotonic() < deadline:
                 if cancelled():
                     raise AttachRefused("cancelled")
                 if not psutil.pid_exists(pid):
                     raise AttachRefused(f"process {pid} exited while memray was attached")
-                if time.monotonic() > deadline - 30.0 and _complete(capture):
-                    attached = False  # memray stopped itself after `duration`
-                    return suspects_from_capture(capture, roots)
+                if time.monotonic() > deadline - 30.0:
+                    found = _read_capture(folder, roots)
+                    if found is not None:
+                        attached = False  # memray stopped itself after the window
+                        return found
                 time.sleep(0.2)
             raise AttachRefused(f"memray's capture of process {pid} did not complete in time")
         finally:
             if attached and psutil.pid_exists(pid):
-                _run(memray_cli + ["detach", str(pid)], None, 30)
+                privilege.run_as(None, memray_cli() + ["detach", str(pid)], timeout=30)
 
 
-def _complete(capture: str) -> bool:
-    """An aggregated capture is written when tracking stops; until then it does not open."""
-    if not os.path.exists(capture):
-        return False
+def _read_capture(folder: privilege.SharedFolder, roots: Sequence[str]) -> tuple[Suspect, ...] | None:
+    """The suspects of the capture the process wrote, or None while it is not complete (an
+    aggregated capture is written when tracking stops; until then it does not open). Read only as
+    a regular file of the process's owner, never through a link (AttachRefused otherwise)."""
     try:
-        from memray import FileReader  # noqa: PLC0415
-
-        FileReader(capture)
+        opened = folder.read_owned("capture.bin", CAPTURE_LIMIT)
+    except OSError as exc:
+        raise AttachRefused(str(exc)) from None
+    if opened is None:
+        return None
+    fd, _ = opened
+    try:
+        return suspects_from_capture(f"/proc/self/fd/{fd}", roots)
     except OSError:
-        return False
-    return True
+        return None
+    finally:
+        os.close(fd)
 
 
 # -- through the probe inside the process ----------------------------------------------------------

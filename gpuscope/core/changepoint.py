@@ -4,11 +4,16 @@ The P99 of a service wanders; a jump is a sustained shift up from its earlier le
 accumulates how far each new value sits above the baseline (its median) beyond a slack of k
 robust standard deviations, and calls a jump when the sum passes h of them; the jump started
 where the sum last left zero.
+
+The serving source runs this over its history as it makes each snapshot, and the snapshot
+carries the finding: whatever shows a snapshot (console, report, wizard, `metrics --json`, the
+journal) shows the same jump.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,9 +25,23 @@ MIN_RELATIVE_JUMP = 0.2  # and the shift must be at least 20 % of the baseline
 
 @dataclass(frozen=True, slots=True)
 class Jump:
-    started: float  # time of the first point of the shift
-    before: float  # baseline level
-    after: float  # level since the jump (median of the points after it)
+    """An upward shift of a latency: when it started, the level before and the level since."""
+
+    started: float  # time of the first point of the shift (seconds since the epoch)
+    before_s: float  # baseline level
+    after_s: float  # level since the jump (median of the points after it)
+
+    def describe(self) -> str:
+        """One line, the same wherever it is shown."""
+        at = time.strftime("%H:%M:%S", time.localtime(self.started))
+        return f"P99 jumped from {_seconds(self.before_s)} to {_seconds(self.after_s)} at {at}"
+
+    def to_json(self) -> dict[str, float]:
+        return {"started": self.started, "before_s": self.before_s, "after_s": self.after_s}
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def latency_jump(points: Sequence[tuple[float, float | None]]) -> Jump | None:
@@ -50,4 +69,4 @@ def latency_jump(points: Sequence[tuple[float, float | None]]) -> Jump | None:
     after = statistics.median(v for _, v in data[jump_at:])
     if after - base < MIN_RELATIVE_JUMP * abs(base):
         return None
-    return Jump(started=data[jump_at][0], before=base, after=after)
+    return Jump(started=data[jump_at][0], before_s=base, after_s=after)

@@ -3,6 +3,10 @@
 One pass over /proc per read with cheap fields only; command lines (redacted) are read for the
 processes that will be shown and cached by (pid, create_time), so PID reuse is never confused
 with the old process. A process that exits mid-read is simply not in the result.
+
+Every text read here is its owner's choice (a process can name itself, its arguments and its
+folder anything, escape sequences included): names, users, command lines, folders enter the
+model through `printable`, so nothing downstream can write a control character from them.
 """
 
 from __future__ import annotations
@@ -10,14 +14,15 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psutil
 
+from gpuscope.core import privilege
 from gpuscope.core.model import HostMemory, HostProcess, ProcessDetail
+from gpuscope.core.printable import printable
 from gpuscope.core.redact import redact_command
 
 _PYTHON_NAME = re.compile(r"^(?:python|pypy)\d*(?:\.\d+)*[a-z]?$")
@@ -95,7 +100,7 @@ class HostCollector:
             except OSError:
                 continue  # exited while being read
             close = data.rfind(b")")
-            comm = data[data.find(b"(") + 1 : close].decode("utf-8", "replace")
+            comm = printable(data[data.find(b"(") + 1 : close].decode("utf-8", "replace"))
             fields = data[close + 2 :].split()
             if len(fields) < 22:
                 continue
@@ -131,7 +136,7 @@ class HostCollector:
                 user = pwd.getpwuid(uid).pw_name
             except KeyError:
                 user = str(uid)
-            self._users[uid] = user
+            user = self._users[uid] = printable(user)
         return user
 
     def _scan_psutil(self) -> list[SeenProcess]:
@@ -146,9 +151,9 @@ class HostCollector:
                 SeenProcess(
                     pid=info["pid"],
                     create_time=info["create_time"],
-                    name=info.get("name") or "",
+                    name=printable(info.get("name") or ""),
                     exe=info.get("exe") or None,
-                    user=info.get("username"),
+                    user=_printable_or_none(info.get("username")),
                     rss=mem.rss if mem is not None else None,
                     cpu=info.get("cpu_percent"),
                 )
@@ -200,11 +205,11 @@ class HostCollector:
             proc = psutil.Process(pid)
             with proc.oneshot():
                 create_time = proc.create_time()
-                name = proc.name()
+                name = printable(proc.name())
                 args = proc.cmdline()
-                user = _optional(proc.username)
+                user = _printable_or_none(_optional(proc.username))
                 exe = _optional(proc.exe) or None
-                cwd = _optional(proc.cwd) or None
+                cwd = _printable_or_none(_optional(proc.cwd) or None)
                 threads = _optional(proc.num_threads)
                 status = _optional(proc.status)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -215,7 +220,7 @@ class HostCollector:
             pid=pid,
             user=user,
             command=redact_command(args) if args else f"[{name}]",
-            exe=exe,
+            exe=_printable_or_none(exe),
             cwd=cwd,
             threads=threads,
             python_version=self.python_version(pid, name, exe) if python_version else None,
@@ -229,7 +234,7 @@ class HostCollector:
             return self._versions[exe]
         version = None
         if is_python(name, exe) and exe:
-            version = _interpreter_version(exe)
+            version = _interpreter_version(exe, pid)
         if version is None:
             version = _libpython_version(pid)
         if version is None and exe and is_python(name, exe):
@@ -240,6 +245,10 @@ class HostCollector:
         return version
 
 
+def _printable_or_none(text: str | None) -> str | None:
+    return None if text is None else printable(text)
+
+
 def _optional(getter):
     try:
         return getter()
@@ -247,17 +256,17 @@ def _optional(getter):
         return None
 
 
-def _interpreter_version(exe: str) -> str | None:
-    """Ask the interpreter binary itself (cached by the caller; a short timeout)."""
+def _interpreter_version(exe: str, pid: int) -> str | None:
+    """Ask the interpreter binary itself (cached by the caller; a short timeout). The binary is the
+    process owner's to choose (a copy beside a pyvenv.cfg runs that user's .pth files), so it
+    runs only with that owner's rights."""
     try:
-        out = subprocess.run(
-            [exe, "-c", "import platform; print(platform.python_version())"],
-            capture_output=True,
-            text=True,
-            timeout=3,
-            env={"PATH": os.environ.get("PATH", ""), "PYTHONNOUSERSITE": "1"},
-        )
-    except (OSError, subprocess.SubprocessError):
+        owner = privilege.owner_of(pid)
+    except (OSError, ValueError):
+        return None
+    out = privilege.run_as(owner, [exe, "-c", "import platform; print(platform.python_version())"],
+                           env={"PATH": privilege.SAFE_PATH, "PYTHONNOUSERSITE": "1"}, timeout=3)
+    if out is None:
         return None
     version = out.stdout.strip()
     return version if out.returncode == 0 and re.fullmatch(r"\d+\.\d+\.\d+\S*", version) else None

@@ -24,7 +24,7 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import psutil
 
-from gpuscope.core import allocations, probe_client, pyspy
+from gpuscope.core import allocations, privilege, probe_client, pyspy
+from gpuscope.core.printable import printable_line
 
 STATUS_TIMEOUT_S = 15.0
 GDB_TIMEOUT_S = 30.0
@@ -141,12 +142,14 @@ def inject_probe(pid: int, *, anyway: bool = False, timeout: float = STATUS_TIME
                  warn: Callable[[], None] = lambda: None) -> Injected:
     """Start the probe inside running process `pid`; raises InjectRefused with the reason.
 
-    `warn` is called once every check has passed, just before code is run inside the process."""
+    `warn` is called once every check has passed, just before code is run inside the process.
+    Whatever comes from the process (its interpreter, its environment, the status it writes) is
+    run only as its owner, or read only as a regular file of its owner's (`privilege`)."""
     if pid == os.getpid():
         raise _refuse("gpuscope will not inject into itself")
     try:
         proc = psutil.Process(pid)
-        name = proc.name()
+        name = printable_line(proc.name())
         proc.cmdline()
     except psutil.NoSuchProcess:
         raise _refuse(f"no process with PID {pid}; list running ones with 'gpuscope ps'") from None
@@ -159,71 +162,75 @@ def inject_probe(pid: int, *, anyway: bool = False, timeout: float = STATUS_TIME
     if version is None:
         raise _refuse(f"process {pid} ({name}) is not a Python process")
     try:
-        python, env = allocations.target_interpreter(pid)
+        interpreter = allocations.target_interpreter(pid)
     except psutil.NoSuchProcess:
         raise _refuse(f"process {pid} exited") from None
     except psutil.AccessDenied:
         raise _refuse(f"not permitted to read process {pid}: {pyspy.PERMISSION_HELP}") from None
+    except privilege.NotPermitted as exc:
+        raise _refuse(str(exc)) from None
     if version == (0, 0):
-        version = allocations._python_version(python, env) or (0, 0)
-    folder = _stage(proc, anyway)
-    status = os.path.join(folder, "status")
-    script = os.path.join(folder, "bootstrap.py")
-    keep = False
+        version = allocations.python_version(interpreter) or (0, 0)
+    folder = _stage(interpreter.owner, anyway)
     try:
         if version >= (3, 14):
             method = "sys.remote_exec"
-            keep = _remote_exec(pid, proc, python, env, version, script, warn)
+            handed = _remote_exec(pid, proc, interpreter, version, os.path.join(folder.shared, "bootstrap.py"), warn)
         else:
             method = "gdb"
-            _gdb(pid, python, env, script, warn)
-        return Injected(pid, _wait_status(pid, status, timeout, method), method)
-    except InjectRefused as exc:
-        # sys.remote_exec cannot be taken back: the target may still read the script later.
-        keep = keep and "has not run" in str(exc)
-        raise
+            handed = False
+            _gdb(pid, interpreter, folder, warn)
+        try:
+            return Injected(pid, _wait_status(pid, folder, timeout, method), method)
+        except InjectRefused as exc:
+            # sys.remote_exec cannot be taken back: the target may still read the script later.
+            if handed and "has not run" in str(exc):
+                folder.keep()
+            raise
     finally:
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
+        folder.close()
 
 
-def _stage(proc: psutil.Process, anyway: bool) -> str:
-    """A private folder with the bootstrap script and a copy of probe.py, readable by the target."""
-    folder = tempfile.mkdtemp(prefix="gpuscope-inject-")
-    here = Path(__file__).resolve().parent.parent / "probe.py"
-    shutil.copyfile(here, os.path.join(folder, "probe.py"))
-    status = os.path.join(folder, "status")
-    with open(os.path.join(folder, "bootstrap.py"), "w", encoding="utf-8") as f:
-        f.write(_BOOTSTRAP.format(status=status, probe=os.path.join(folder, "probe.py"), anyway=anyway))
+def _stage(owner: privilege.Owner, anyway: bool) -> privilege.SharedFolder:
+    """A folder of the target owner's with the bootstrap script and a copy of probe.py."""
+    folder = privilege.SharedFolder("inject", owner)
     try:
-        uid, gid = proc.uids().real, proc.gids().real
-    except psutil.Error:
-        uid, gid = os.getuid(), os.getgid()
-    if uid != os.getuid() and os.getuid() == 0:  # root injecting into a service user's process
-        for path in (folder, *(os.path.join(folder, n) for n in os.listdir(folder))):
-            os.chown(path, uid, gid)
+        here = Path(__file__).resolve().parent.parent / "probe.py"
+        shutil.copyfile(here, os.path.join(folder.shared, "probe.py"))
+        status = os.path.join(folder.shared, "status")
+        with open(os.path.join(folder.shared, "bootstrap.py"), "w", encoding="utf-8") as f:
+            f.write(_BOOTSTRAP.format(status=status, probe=os.path.join(folder.shared, "probe.py"), anyway=anyway))
+        folder.hand_over()
+    except BaseException:
+        folder.close()
+        raise
     return folder
 
 
-def _wait_status(pid: int, status: str, timeout: float, method: str) -> str:
+def _wait_status(pid: int, folder: privilege.SharedFolder, timeout: float, method: str) -> str:
+    """The socket of the started probe (as gpuscope finds it, not as the status says), or the refusal."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not psutil.pid_exists(pid):
             raise _refuse(f"process {pid} exited during the injection")
         try:
-            with open(status, encoding="utf-8") as f:
-                text = f.read().strip()
-        except OSError:
+            opened = folder.read_owned("status", 4096)
+        except OSError as exc:
+            raise _refuse(f"the probe's status in process {pid} cannot be trusted: {exc}") from None
+        if opened is None:
             time.sleep(0.05)
             continue
+        fd, size = opened
+        with os.fdopen(fd, "rb") as f:
+            text = f.read(size).decode("utf-8", "replace").strip()
         if text.startswith("started "):
-            return text[len("started "):]
+            return _probe_found(pid, deadline)
         if text == "no-torch":
             raise _refuse(
                 f"process {pid} has not imported torch, so no probe was started (add --memray to start it anyway, "
                 "for memray tracking)"
             )
-        raise _refuse(f"the probe did not start in process {pid}: {text.removeprefix('failed ')}")
+        raise _refuse(f"the probe did not start in process {pid}: {printable_line(text.removeprefix('failed '))}")
     if method == "sys.remote_exec":
         raise _refuse(
             f"process {pid} has not run the script within {timeout:g} s (it runs it when its main thread next runs "
@@ -232,9 +239,22 @@ def _wait_status(pid: int, status: str, timeout: float, method: str) -> str:
     raise _refuse(f"process {pid} did not start the probe within {timeout:g} s")
 
 
-def _remote_exec(pid: int, proc: psutil.Process, python: str, env: dict[str, str],
+def _probe_found(pid: int, deadline: float) -> str:
+    while True:
+        path = probe_client.probe_path(pid)
+        if path:
+            return path
+        if time.monotonic() > deadline:
+            raise _refuse(f"process {pid} said its probe started, but gpuscope finds no probe of it")
+        time.sleep(0.05)
+
+
+def _remote_exec(pid: int, proc: psutil.Process, interpreter: allocations.Interpreter,
                  version: tuple[int, int], script: str, warn: Callable[[], None]) -> bool:
-    """Hand the script to the target through sys.remote_exec (Python 3.14+). True once handed."""
+    """Hand the script to the target through sys.remote_exec (Python 3.14+). True once handed.
+
+    The caller must run the target's major.minor: gpuscope's own interpreter when it does, else
+    the target's own, run as the target's owner (it belongs to that user)."""
     try:
         theirs = proc.environ()
     except (psutil.Error, OSError):
@@ -247,18 +267,28 @@ def _remote_exec(pid: int, proc: psutil.Process, python: str, env: dict[str, str
             f"remote debugging is disabled in process {pid} (PYTHON_DISABLE_REMOTE_DEBUG or -X disable_remote_debug): "
             "start the service under 'gpuscope run', or call gpuscope.probe.start() in it"
         )
-    mine = allocations._python_version(python, env)
-    if mine != version:
-        raise _refuse(
-            f"version mismatch: process {pid} runs Python {version[0]}.{version[1]} but its interpreter ({python}) "
-            f"cannot be run here as Python {version[0]}.{version[1]}; sys.remote_exec needs the same major.minor"
-        )
-    check = allocations._run([python, "-c", "import sys; print(sys.is_remote_debug_enabled())"], env, 20)
+    if sys.version_info[:2] == version:
+        caller, owner, env = sys.executable, None, None  # gpuscope's own interpreter: trusted
+        flags = ["-I"]
+    else:
+        caller, owner, env = interpreter.path, interpreter.owner, interpreter.env
+        flags = []
+        if allocations.python_version(interpreter) != version:
+            raise _refuse(
+                f"version mismatch: process {pid} runs Python {version[0]}.{version[1]} but its interpreter "
+                f"({printable_line(caller)}) cannot be run here as Python {version[0]}.{version[1]}; "
+                "sys.remote_exec needs the same major.minor"
+            )
+    check = privilege.run_as(owner, [caller, *flags, "-c", "import sys; print(sys.is_remote_debug_enabled())"],
+                             env=env, timeout=20)
     if check is None or check.returncode != 0 or check.stdout.strip() != "True":
-        raise _refuse(f"remote debugging is disabled in this Python build ({python}): sys.remote_exec is not available")
+        raise _refuse(
+            f"remote debugging is disabled in this Python build ({printable_line(caller)}): "
+            "sys.remote_exec is not available"
+        )
     warn()
-    out = allocations._run([python, "-c", "import sys; sys.remote_exec(int(sys.argv[1]), sys.argv[2])", str(pid), script],
-                           env, 30)
+    out = privilege.run_as(owner, [caller, *flags, "-c", "import sys; sys.remote_exec(int(sys.argv[1]), sys.argv[2])",
+                                   str(pid), script], env=env, timeout=30)
     if out is None:
         raise _refuse(f"sys.remote_exec did not return within 30 s for process {pid}")
     if out.returncode != 0:
@@ -266,31 +296,37 @@ def _remote_exec(pid: int, proc: psutil.Process, python: str, env: dict[str, str
         last = text.splitlines()[-1] if text else "no output"
         if "ermission" in last or "not permitted" in last.lower():
             raise _refuse(f"not permitted to inject into process {pid}: {pyspy.PERMISSION_HELP}")
-        raise _refuse(f"sys.remote_exec failed for process {pid}: {last}")
+        raise _refuse(f"sys.remote_exec failed for process {pid}: {printable_line(last)}")
     return True
 
 
-def _gdb(pid: int, python: str, env: dict[str, str], script: str, warn: Callable[[], None]) -> None:
-    """Run the script in the target through gdb (before Python 3.14), if it is safe here."""
+def _gdb(pid: int, interpreter: allocations.Interpreter, folder: privilege.SharedFolder,
+         warn: Callable[[], None]) -> None:
+    """Run the script in the target through gdb (before Python 3.14), if it is safe here.
+
+    gdb's commands are in gpuscope's private folder (the target's folder is the target's to
+    change); gdb reads no init file and auto-loads nothing from the target's files."""
     gdb = shutil.which("gdb")
     if gdb is None:
         raise _refuse(
             "gdb is not installed (needed to inject before Python 3.14): apt-get install gdb, or start the service "
             "under 'gpuscope run'"
         )
-    problem = allocations.injection_problem(python, env)
+    problem = allocations.injection_problem(interpreter)
     if problem:
         raise _refuse(
             f"injection is unsafe on this machine: {problem}. Start the service under 'gpuscope run', or call "
             "gpuscope.probe.start() in it"
         )
-    folder = os.path.dirname(script)
-    commands = os.path.join(folder, "inject.gdb")
-    with open(commands, "w", encoding="utf-8") as f:
+    script = os.path.join(folder.shared, "bootstrap.py")
+    commands = os.path.join(folder.private, "inject.gdb")
+    with open(os.open(commands, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
         f.write(_GDB_SCRIPT.format(script=script))
-    cmd = [gdb, "-batch", "-nx", "-nw", "-p", str(pid), "-iex", "set auto-solib-add off", "-x", commands]
+    cmd = [gdb, "-batch", *allocations.GDB_SAFE, "-nw", "-p", str(pid), "-iex", "set auto-solib-add off",
+           "-x", commands]
     warn()
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd="/")
     try:
         output, _ = proc.communicate(timeout=GDB_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -314,7 +350,7 @@ def _gdb(pid: int, python: str, env: dict[str, str], script: str, warn: Callable
     if "no symbol" in lower:
         raise _refuse(f"gdb found no Python symbols in process {pid} (a stripped interpreter?)")
     last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "no output")
-    raise _refuse(f"gdb could not run the script in process {pid}: {last.strip()}")
+    raise _refuse(f"gdb could not run the script in process {pid}: {printable_line(last.strip())}")
 
 
 def _wake(pid: int) -> None:

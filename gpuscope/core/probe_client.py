@@ -1,12 +1,16 @@
 """Finding and talking to gpuscope probes (`gpuscope.probe`) inside services.
 
 A probe serves `probe-<pid>.sock` in its user's runtime folder (`$XDG_RUNTIME_DIR/gpuscope/`, or
-`<tmp>/gpuscope-<uid>/`). gpuscope may run as another user (root) or outside the service's
+`<tmp>/gpuscope-<uid>/`, or a private `<that folder>-XXXXXXXX` beside it when another user took
+the name first). gpuscope may run as another user (root) or outside the service's
 container, so the client looks where the *target* would have put it: its XDG_RUNTIME_DIR and
 TMPDIR (from /proc/PID/environ when readable), /run/user/<uid>, the temp folder, each also through
 /proc/PID/root when the target lives in another mount namespace, and with the PID the target sees
-(its namespace PID). A socket is trusted only if it belongs to the target's user. Sockets of
-processes that are gone (or that nobody answers on) are stale: the client removes them.
+(its namespace PID). A socket is trusted only if it and its folder belong to the target's user
+(or root), nobody else may write in the folder, and the target process itself listens on it
+(SO_PEERCRED): another user's planted names are passed over, and nothing is sent to them.
+Sockets of processes that are gone (or that nobody answers on) are stale: the client removes them,
+never through a link.
 
 Every connect and every reply has a timeout; every failure is a `ProbeError` with one plain
 sentence.
@@ -61,6 +65,11 @@ class DeviceMemory:
 
 # -- where probes are --------------------------------------------------------------------------------
 
+MAX_FOLDERS = 256  # probe folders one listing looks in
+MAX_NAMES = 1024  # entries of one folder looked at
+MAX_BESIDE = 4  # private folders `<folder>-XXXXXXXX` of one user looked in (a probe's second choice)
+_FOLDER_NAME = re.compile(r"^gpuscope-(\d+)(-[A-Za-z0-9_]+)?$")
+
 
 def _namespace_pid(pid: int) -> int:
     """The PID the process sees itself as (innermost of /proc/PID/status NSpid), else `pid`."""
@@ -83,6 +92,60 @@ def _other_root(pid: int) -> str | None:
     except OSError:
         return None
     return None if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino) else root
+
+
+def _uids(pid: int) -> set[int] | None:
+    try:
+        ids = psutil.Process(pid).uids()
+    except psutil.Error:
+        return None
+    return {ids.real, ids.effective}
+
+
+def _open_folder(path: str, owners: set[int]) -> int | None:
+    """An open descriptor of `path` if it is a real folder (not a link) of one of `owners` that
+    nobody else may write in; None otherwise. Everything after is done relative to it, so the
+    folder cannot be swapped for another one meanwhile."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if st.st_uid in owners and not st.st_mode & 0o022:
+        return fd
+    os.close(fd)
+    return None
+
+
+def _socket_owner(folder_fd: int, name: str) -> int | None:
+    """The owner of socket `name` in the folder (None if it is not a socket, or a link)."""
+    try:
+        st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_uid if stat.S_ISSOCK(st.st_mode) else None
+
+
+def _beside(folder: str, owners: set[int]) -> list[str]:
+    """`<folder>-XXXXXXXX` folders of `owners`, where a probe goes when another user took `folder`
+    first (folders of that name made by anyone else are passed over: they cannot crowd it out)."""
+    parent, base = os.path.split(folder)
+    found = []
+    try:
+        with os.scandir(parent) as entries:
+            for seen, entry in enumerate(entries):
+                if seen >= _probe.MAX_NAMES or len(found) >= MAX_BESIDE:
+                    break
+                if entry.name.startswith(base + "-"):
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(st.st_mode) and st.st_uid in owners:
+                        found.append(entry.path)
+    except OSError:
+        pass
+    return sorted(found)
 
 
 def _candidate_dirs(pid: int) -> tuple[list[str], int | None]:
@@ -121,85 +184,128 @@ def _candidate_dirs(pid: int) -> tuple[list[str], int | None]:
 
 
 def probe_path(pid: int) -> str | None:
-    """The socket of the probe inside process `pid`, if one is there (stale ones are removed)."""
+    """The socket of the probe inside process `pid`, if one is there (stale ones are removed).
+
+    Only a socket of the process's own user (or root), in a folder of that user's (or root's)
+    that nobody else may write in, is looked at, and only one that process `pid` itself listens
+    on (SO_PEERCRED) is answered: a name planted by another user is never taken for the probe."""
     if not psutil.pid_exists(pid):
         return None
     dirs, uid = _candidate_dirs(pid)
+    owners = ((_uids(pid) or set()) | {0}) if uid is not None else {os.getuid(), 0}
     name = f"probe-{_namespace_pid(pid)}.sock"
-    for folder in dirs:
-        path = os.path.join(folder, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISSOCK(st.st_mode):
-            continue
-        if uid is not None and st.st_uid != uid and st.st_uid != os.getuid():
-            continue  # not planted by the target's user: not trusted
-        if _stale(path):
-            continue
-        return path
+    for group in (dirs, [b for d in dirs for b in _beside(d, owners)]):
+        for folder in group:
+            fd = _open_folder(folder, owners)
+            if fd is None:
+                continue
+            try:
+                if _socket_owner(fd, name) in owners and _check(fd, name, pid) == "live":
+                    return os.path.join(folder, name)
+            finally:
+                os.close(fd)
     return None
 
 
-def _stale(path: str) -> bool:
-    """Nobody listens on this socket (its process died): remove it and say so."""
+def _check(folder_fd: int, name: str, pid: int | None) -> str:
+    """"live" (process `pid`, or anyone if None, listens there), "stale" (nobody listens: the socket
+    is removed), "other" (someone else listens: left alone) or "unknown" (busy, or forbidden)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT_S)
     try:
-        sock.connect(path)
-        return False
+        sock.connect(f"/proc/self/fd/{folder_fd}/{name}")
+        if pid is None:
+            return "live"
+        return "live" if _peer_pid(sock) in (pid, None) else "other"
     except OSError as exc:
         if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            _remove(path)
-            return True
-        return False  # a timeout or a permission problem: not proof that it is stale
+            _remove(folder_fd, name)
+            return "stale"
+        return "unknown"  # a timeout or a permission problem: not proof that it is stale
     finally:
         sock.close()
 
 
-def _remove(path: str) -> None:
+def _peer_pid(sock: socket.socket) -> int | None:
+    creds = _probe.peer_credentials(sock)
+    return None if creds is None else creds[0]
+
+
+def _remove(folder_fd: int, name: str) -> None:
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=folder_fd)
     except OSError:
         pass
+
+
+def _probe_folders() -> list[tuple[str, int]]:
+    """Folders that may hold probes, each with the user it must belong to: this user's runtime
+    folder, every user's /run/user/<uid>/gpuscope, and <tmp>/gpuscope-<uid> (and the private
+    folders beside it). A folder whose owner is not the uid in its name is not one."""
+    folders = {os.path.normpath(_probe.runtime_dir()): os.getuid()}
+    # The temporary folder is usually /tmp itself: list each folder once (the console does this every refresh).
+    for parent in dict.fromkeys((os.path.normpath(tempfile.gettempdir()), "/tmp")):
+        try:
+            entries = os.scandir(parent)
+        except OSError:
+            continue
+        with entries:
+            for seen, entry in enumerate(entries):
+                if seen >= _probe.MAX_NAMES * 10:
+                    break
+                match = _FOLDER_NAME.match(entry.name)
+                if match:
+                    folders.setdefault(entry.path, int(match.group(1)))
+    try:
+        users = [n for n in os.listdir("/run/user") if n.isdigit()][:MAX_FOLDERS]
+    except OSError:
+        users = []
+    for user in users:
+        for folder in [f"/run/user/{user}/gpuscope", *_beside(f"/run/user/{user}/gpuscope", {int(user), 0})]:
+            folders.setdefault(folder, int(user))
+    return sorted(folders.items())
 
 
 def list_probes(*, clean: bool = True) -> list[ProbeInfo]:
     """Every probe gpuscope can see (this user's folders, and every user's when readable), by PID.
 
-    Sockets of dead processes are removed when `clean` (and permitted)."""
-    folders = {os.path.normpath(_probe.runtime_dir())}
-    # The temporary folder is usually /tmp itself: list each folder once (the console does this every refresh).
-    places = dict.fromkeys((("/run/user", None), (os.path.normpath(tempfile.gettempdir()), "gpuscope-"), ("/tmp", "gpuscope-")))
-    for pattern_dir, prefix in places:
-        try:
-            names = os.listdir(pattern_dir)
-        except OSError:
-            continue
-        for name in names:
-            if prefix is None and name.isdigit():
-                folders.add(os.path.join(pattern_dir, name, "gpuscope"))
-            elif prefix and name.startswith(prefix) and name[len(prefix):].isdigit():
-                folders.add(os.path.join(pattern_dir, name))
+    A socket counts only where it, its folder and process <pid> belong to the same user (or the
+    socket and folder to root), so nobody can plant names for other users' processes; a bounded
+    number of folders and names is looked at. Sockets of dead processes are removed when `clean`
+    (and permitted)."""
     found: dict[int, ProbeInfo] = {}
-    for folder in sorted(folders):
-        try:
-            names = os.listdir(folder)
-        except OSError:
+    looked = 0
+    for folder, uid in _probe_folders():
+        fd = _open_folder(folder, {uid, 0})
+        if fd is None:
             continue
-        for name in names:
-            match = _NAME.match(name)
-            if not match:
-                continue
-            pid, path = int(match.group(1)), os.path.join(folder, name)
-            if not psutil.pid_exists(pid):
-                if clean:
-                    _remove(path)
-                continue
-            if clean and _stale(path):
-                continue
-            found.setdefault(pid, ProbeInfo(pid, path))
+        looked += 1
+        try:
+            with os.scandir(fd) as entries:
+                names = [e.name for _, e in zip(range(MAX_NAMES), entries)]
+            for name in names:
+                match = _NAME.match(name)
+                if not match:
+                    continue
+                pid = int(match.group(1))
+                owner = _socket_owner(fd, name)
+                if owner not in (uid, 0) or pid in found:
+                    continue
+                if not psutil.pid_exists(pid):
+                    if clean:
+                        _remove(fd, name)
+                    continue
+                if owner != 0 and owner not in (_uids(pid) or ()):
+                    continue  # not a socket of that process's user
+                if clean and _check(fd, name, None) == "stale":
+                    continue
+                found[pid] = ProbeInfo(pid, os.path.join(folder, name))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        if looked >= MAX_FOLDERS:
+            break
     return [found[p] for p in sorted(found)]
 
 
@@ -229,6 +335,11 @@ class ProbeClient:
             if exc.errno in (errno.EACCES, errno.EPERM):
                 raise ProbeError(f"not permitted to connect to {path}: run gpuscope as the service's user or as root") from None
             raise ProbeError(f"cannot connect to the probe at {path}: {exc.strerror or exc}") from None
+        if pid is not None and _peer_pid(self._sock) not in (pid, None):
+            # A socket of that name that another process listens on (planted, or left for a reused
+            # PID): nothing is said to it.
+            self._sock.close()
+            raise ProbeError(f"the socket at {path} is not served by process {pid}: not its probe")
 
     def close(self) -> None:
         try:
@@ -324,7 +435,7 @@ def probe_for(pid: int, *, connect_timeout: float = CONNECT_TIMEOUT_S, timeout: 
     try:
         return ProbeClient(path, pid=pid, connect_timeout=connect_timeout, timeout=timeout)
     except ProbeError:
-        if _stale(path):
+        if probe_path(pid) is None:  # it went away meanwhile
             return None
         raise
 

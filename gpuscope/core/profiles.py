@@ -23,6 +23,11 @@ source locally (gpuscope.core.scrape) and the Prometheus source as PromQL
 - queue_depth: `sum(gauge)`, kv_cache_usage: `avg(gauge)` (the latest values);
 - stages: quantiles per stage as above, share = stage `_sum` rate / sum of all stages' `_sum` rates.
 
+A metric is found under its name or under that name underscore-escaped (`vllm:x` as `vllm_x`,
+see `spellings`): prometheus_client 0.26 writes it so in OpenMetrics, and a Prometheus server
+that scraped it in OpenMetrics stores it so. The resolved profile names the spelling found, so
+both sources then ask for the series that are there.
+
 The configuration file can override any slot of a built-in profile or add a profile
 (`[profiles.NAME]`, keys `SLOT_KEYS` plus `detect`, `stages`, `stage_label`). A metric is a PromQL
 selector string (`"name"`, `"name{label=\\"v\\"}"`), a table `{metric = "...", scale = 0.001}`
@@ -31,6 +36,7 @@ selector string (`"name"`, `"name{label=\\"v\\"}"`), a table `{metric = "...", s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
@@ -206,6 +212,22 @@ BUILTIN_PROFILES: tuple[Profile, ...] = (
 
 # -- which sample names a metric covers -------------------------------------------------------------
 
+_OUTSIDE_METRIC_NAME = re.compile(r"[^a-zA-Z0-9_:]|^[0-9]")
+_OUTSIDE_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]|^[0-9]")
+_OUTSIDE_PATTERN = re.compile(r"[^a-zA-Z0-9_*?\[\]!]")
+
+
+def spellings(name: str) -> tuple[str, ...]:
+    """The names a metric may be exposed or stored under, as named first: the spec's underscore
+    escaping (every character outside `[a-zA-Z0-9_:]` as `_`), and prometheus_client's, which
+    also writes `:` as `_` in OpenMetrics sample lines (client_python#1177)."""
+    found = [name]
+    for pattern in (_OUTSIDE_METRIC_NAME, _OUTSIDE_LABEL_NAME):
+        escaped = pattern.sub("_", name)
+        if escaped not in found:
+            found.append(escaped)
+    return tuple(found)
+
 
 def counter_names(name: str) -> tuple[str, ...]:
     """The sample names a counter may have: exposed with or without `_total` (prometheus_client
@@ -215,7 +237,8 @@ def counter_names(name: str) -> tuple[str, ...]:
 
 
 def sample_names(kind: str, selector: Selector, present: Iterable[str]) -> list[str]:
-    """The sample names in `present` that this metric reads (for a histogram: its `_bucket`s)."""
+    """The sample names in `present` that this metric reads (for a histogram: its `_bucket`s),
+    under the metric's own name (see `spelled` for the other spellings)."""
     present = present if isinstance(present, (set, frozenset)) else set(present)
     if selector.name is None:  # __name__ matchers (counters and gauges only)
         return sorted(n for n in present if selector.matches_name(n))
@@ -228,26 +251,49 @@ def sample_names(kind: str, selector: Selector, present: Iterable[str]) -> list[
     return [n for n in candidates if n in present]
 
 
+def spelled(kind: str, ref: MetricRef, present: Iterable[str]) -> MetricRef | None:
+    """`ref` under the first of its spellings that has series in `present`, or None. A counter
+    is looked for by its `_total` samples first: its bare name may be only a family name (an
+    OpenMetrics `# TYPE x counter` line) while its samples are under another spelling."""
+    present = present if isinstance(present, (set, frozenset)) else set(present)
+    if ref.selector.name is None:
+        return ref if sample_names(kind, ref.selector, present) else None
+    candidates = [
+        ref if name == ref.selector.name else MetricRef(ref.selector.renamed(name), ref.scale)
+        for name in spellings(ref.selector.name)
+    ]
+    if kind == "counter":
+        found = next((c for c in candidates if counter_names(c.selector.name)[1] in present), None)
+        if found is not None:
+            return found
+    return next((c for c in candidates if sample_names(kind, c.selector, present)), None)
+
+
 def kept_names(profile: Profile, present: Iterable[str]) -> set[str]:
     """Every sample name of a scrape that this profile may read (what a scrape window keeps)."""
     present = set(present)
     keep: set[str] = set()
     for kind, ref in profile.refs():
+        found = spelled(kind, ref, present)
+        if found is None:
+            continue
         if kind == "histogram":
-            name = ref.selector.name
+            name = found.selector.name
             keep.update(n for n in (f"{name}_bucket", f"{name}_sum") if n in present)
         else:
-            keep.update(sample_names(kind, ref.selector, present))
+            keep.update(sample_names(kind, found.selector, present))
     return keep
 
 
 def detect(profiles: Sequence[Profile], names: Iterable[str]) -> Profile | None:
-    """The first profile one of whose `detect` patterns matches a metric name present."""
+    """The first profile one of whose `detect` patterns matches a metric name present (under
+    the pattern's underscore-escaped spelling too: `vllm:*` finds `vllm_e2e_...`)."""
     names = list(names)
     for profile in profiles:
         for pattern in profile.detect:
-            if any(fnmatchcase(n, pattern) for n in names):
-                return profile
+            for spelling in {pattern, _OUTSIDE_PATTERN.sub("_", pattern)}:
+                if any(fnmatchcase(n, spelling) for n in names):
+                    return profile
     return None
 
 
@@ -256,7 +302,8 @@ def detect(profiles: Sequence[Profile], names: Iterable[str]) -> Profile | None:
 
 @dataclass(frozen=True, slots=True)
 class Resolved:
-    """A profile with, per slot, the first alternative present (None: the signal is None)."""
+    """A profile with, per slot, the first alternative present, under the spelling present
+    (None: the signal is None)."""
 
     profile: Profile
     slots: Mapping[str, MetricRef | None]
@@ -268,8 +315,10 @@ def resolve(profile: Profile, present: Iterable[str]) -> Resolved:
     slots: dict[str, MetricRef | None] = {}
     for slot in SLOT_KEYS:
         kind = "histogram" if slot in HISTOGRAM_SLOTS else "counter" if slot in COUNTER_SLOTS else "gauge"
-        slots[slot] = next((r for r in getattr(profile, slot) if sample_names(kind, r.selector, present)), None)
-    stages = tuple(s for s in profile.stages if sample_names("histogram", s.histogram.selector, present))
+        slots[slot] = next((f for r in getattr(profile, slot) if (f := spelled(kind, r, present))), None)
+    stages = tuple(
+        replace(s, histogram=found) for s in profile.stages if (found := spelled("histogram", s.histogram, present))
+    )
     return Resolved(profile, slots, stages)
 
 

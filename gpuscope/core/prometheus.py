@@ -13,8 +13,15 @@ server scrapes from dcgm-exporter (`topk(N, deriv(DCGM_FI_DEV_FB_USED[5m]))`, no
 Credentials: a bearer token (GPUSCOPE_PROMETHEUS_TOKEN) or basic auth (GPUSCOPE_PROMETHEUS_USER +
 GPUSCOPE_PROMETHEUS_PASSWORD), from the environment, else from the configuration file, else from
 the URL's `user:password@`. They are taken out of the URL, never shown, never logged; every
-message passes through redact_text. Requests have a timeout and a bounded retry with backoff
-(urllib3 `Retry`); the source itself keeps retrying on its own tick.
+message passes through redact_text.
+
+The client's requests travel through gpuscope.core.fetch (a requests transport adapter,
+`_BoundedTransport`), not urllib3: each request has one deadline for the whole exchange, retries
+included (a bounded retry with backoff when the server refuses or answers 502/503/504), a capped
+body, and credentials that never follow a redirect to another origin. An answer is checked
+before it is parsed: JSON nested deeper than the API ever nests is refused (json's parser recurses
+once a level), and so are more names or series than gpuscope reads. The source itself keeps
+retrying on its own tick.
 """
 
 from __future__ import annotations
@@ -25,14 +32,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlunsplit
 
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
-from urllib3.util.retry import Retry
+from requests.adapters import BaseAdapter
+from requests.structures import CaseInsensitiveDict
+from requests.utils import get_encoding_from_headers
 
 from gpuscope.config import PrometheusConfig
+from gpuscope.core import fetch
 from gpuscope.core.profiles import (
     Answer,
     CounterSum,
@@ -47,6 +57,7 @@ from gpuscope.core.profiles import (
     plan,
     resolve,
 )
+from gpuscope.core.printable import printable_line
 from gpuscope.core.promql import Matcher
 from gpuscope.core.redact import redact_text
 from gpuscope.core.serving_model import Evaluation, FleetRow, Signals, SourceError
@@ -56,7 +67,11 @@ ENV_USER = "GPUSCOPE_PROMETHEUS_USER"
 ENV_PASSWORD = "GPUSCOPE_PROMETHEUS_PASSWORD"
 TAG = "gpuscope_query"  # the label that says which part of the combined query a result answers
 FLEET_METRIC = "DCGM_FI_DEV_FB_USED"  # dcgm-exporter: framebuffer memory used, MiB
-CONNECT_TIMEOUT_S = 2.0  # a server that does not accept within this is down (x retries + 1)
+MAX_REPLY_BYTES = 8 << 20  # one answer, decompressed: the metric names of a large server fit
+MAX_JSON_DEPTH = 16  # the API nests 5 deep
+MAX_NAMES = 100_000  # metric names under the filters
+MAX_RESULTS = 10_000  # series in the answer to the combined query (a plan yields tens)
+RETRY_STATUSES = frozenset({502, 503, 504})  # a proxy in front of a restarting Prometheus
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +90,10 @@ class PrometheusAuth:
 
         Raises ValueError (one line, no secret in it) on an unusable combination."""
         config = config or PrometheusConfig()
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--prometheus needs an http(s) URL, not {redact_text(url)!r}")
+        try:
+            parts = fetch.check_url(url)
+        except ValueError as exc:
+            raise ValueError(f"--prometheus: {exc}") from None
         netloc, url_user, url_password = parts.netloc, None, None
         if "@" in netloc:
             userinfo, netloc = netloc.rsplit("@", 1)
@@ -88,6 +104,8 @@ class PrometheusAuth:
         token = env.get(ENV_TOKEN) or config.token
         user = env.get(ENV_USER) or config.user
         password = env.get(ENV_PASSWORD) or config.password
+        if token and not all(" " <= c <= "~" for c in token):  # it goes into a header as it is
+            raise ValueError("the Prometheus token holds a character that cannot go in an HTTP header")
         if token:
             return clean, cls(token=token)
         if user or password:
@@ -202,6 +220,7 @@ class PrometheusCollector:
     """One Prometheus server (with optional job/instance filters) as a serving source."""
 
     source = "prometheus"
+    format = None  # Prometheus parsed the scrapes; gpuscope reads its query answers
 
     def __init__(
         self,
@@ -236,28 +255,14 @@ class PrometheusCollector:
         auth = auth if auth is not None and (auth.token or auth.user) else url_auth
         shown = ",".join(m.promql() for m in self._filters)
         self.target = redact_text(clean) + (f"{{{shown}}}" if shown else "")
-        retry = Retry(
-            total=retries,
-            connect=retries,
-            read=retries,
-            status=retries,
-            backoff_factor=0.25,  # 0.25 s, 0.5 s: bounded, well inside one tick of a few seconds
-            status_forcelist=(502, 503, 504),
-            allowed_methods=frozenset({"GET", "POST"}),
-            raise_on_status=False,
-        )
         session = requests.Session()
-        host = urlsplit(clean).hostname or ""
-        # A loopback server is never reached through an http_proxy from the environment.
-        session.trust_env = not (host in ("localhost", "::1") or host.startswith("127."))
+        session.trust_env = False  # fetch reads the proxy settings; no ~/.netrc credentials
         self._client = PrometheusConnect(
-            url=clean,
-            headers=auth.headers(),
-            auth=auth.basic(),
-            retry=retry,
-            timeout=(min(timeout, CONNECT_TIMEOUT_S), timeout),  # (connect, read), as requests takes it
-            session=session,
+            url=clean, headers=auth.headers(), auth=auth.basic(), timeout=timeout, session=session
         )
+        transport = _BoundedTransport(f"Prometheus at {self.target}", timeout=timeout, retries=retries)
+        for prefix in ("http://", "https://", clean):  # `clean`: the client mounted its own adapter there
+            session.mount(prefix, transport)
 
     @property
     def target_names(self) -> list[str]:
@@ -280,6 +285,11 @@ class PrometheusCollector:
         queries = plan(resolved, self.window_s) if resolved else {}
         parts = {key: self._promql.query(q, self.window_s) for key, q in queries.items()}
         results = self._call(self._client.custom_query, combined({**parts, **self._fleet}))
+        if isinstance(results, list) and len(results) > MAX_RESULTS:
+            raise SourceError(
+                f"Prometheus at {self.target} answered {len(results):,} series; gpuscope reads at most {MAX_RESULTS:,}",
+                unreachable=False,
+            )
         try:
             answers, fleet = _split(results, queries)
         except (KeyError, TypeError, ValueError, IndexError):
@@ -291,15 +301,10 @@ class PrometheusCollector:
 
     def _call(self, request: Callable, *args):
         """One HTTP exchange with Prometheus, its failures turned into SourceError."""
-        slow = f"no answer from Prometheus at {self.target} within {self.timeout:g} s"
         try:
             return request(*args)
-        except requests.exceptions.Timeout:
-            raise SourceError(slow, unreachable=True) from None
-        except requests.exceptions.ConnectionError as exc:  # also timeouts, once retries are spent
-            reason = _connection_reason(exc)
-            message = slow if reason == "timed out" else f"cannot reach Prometheus at {self.target}: {reason}"
-            raise SourceError(message, unreachable=True) from None
+        except SourceError:
+            raise  # from the transport (fetch.FetchError), or a cap below: one line already
         except (ValueError, KeyError, TypeError):  # a 200 answer that is not the JSON API
             raise self._not_prometheus() from None  # (requests' JSONDecodeError is a ValueError)
         except requests.exceptions.RequestException as exc:
@@ -316,6 +321,12 @@ class PrometheusCollector:
             names = self._client.get_label_values("__name__", params=params)
             if not isinstance(names, list):
                 raise ValueError("label values are not a list")
+            if len(names) > MAX_NAMES:
+                raise SourceError(
+                    f"Prometheus at {self.target} has {len(names):,} metric names; gpuscope reads at most "
+                    f"{MAX_NAMES:,}: narrow them with --job or --instance",
+                    unreachable=False,
+                )
             self._names, self._names_at = [str(n) for n in names], now
         return self._names
 
@@ -328,7 +339,7 @@ class PrometheusCollector:
                 f"Prometheus at {self.target} refused the credentials (HTTP {status}): "
                 f"set {ENV_TOKEN}, or {ENV_USER} and {ENV_PASSWORD}"
             )
-        what = f": {redact_text(detail[1])[:300]}" if detail else ""
+        what = f": {printable_line(redact_text(detail[1]), 300)}" if detail else ""
         if status in (400, 422):
             return f"Prometheus at {self.target} rejected the query (HTTP {status}){what}"
         return f"Prometheus at {self.target} answered HTTP {status if status else '?'}{what}"
@@ -375,19 +386,65 @@ def _split(results: Sequence[dict], queries: Mapping[str, Query]) -> tuple[dict[
     return answers, fleet_rows(growth, used)
 
 
-_CONNECTION_REASONS = (
-    ("Connection refused", "connection refused"),
-    ("Name or service not known", "unknown host"),
-    ("nodename nor servname", "unknown host"),
-    ("Temporary failure in name resolution", "unknown host"),
-    ("No route to host", "no route to host"),
-    ("Network is unreachable", "network unreachable"),
-    ("timed out", "timed out"),
-)
+class _BoundedTransport(BaseAdapter):
+    """requests' transport for the client: every request one gpuscope.core.fetch GET (the whole
+    exchange, retries included, within `timeout`), its JSON answer checked before it is parsed."""
+
+    def __init__(self, where: str, *, timeout: float, retries: int) -> None:
+        super().__init__()
+        self.where = where
+        self.timeout = timeout
+        self.retries = retries
+
+    def send(self, request, stream=False, timeout=None, verify=True, cert=None, proxies=None) -> requests.Response:
+        if request.method != "GET":
+            raise ValueError(f"only GET goes to Prometheus, not {request.method}")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("accept", "authorization")}
+        started = time.monotonic()
+        for attempt in range(self.retries + 1):
+            backoff = 0.25 * 2**attempt  # 0.25 s, 0.5 s ...
+            may_retry = attempt < self.retries and time.monotonic() + backoff < started + self.timeout
+            try:
+                answer = fetch.get(
+                    request.url, where=self.where, timeout=self.timeout, started=started,
+                    max_bytes=MAX_REPLY_BYTES, headers=headers,
+                )
+            except fetch.FetchError as exc:
+                if not (may_retry and exc.unreachable and not exc.timed_out):  # refused, reset: again
+                    raise
+            else:
+                if not (may_retry and answer.status in RETRY_STATUSES):
+                    break
+            time.sleep(backoff)
+        if answer.ok and nests_deeper(answer.body, MAX_JSON_DEPTH):
+            raise ValueError(f"JSON nested more than {MAX_JSON_DEPTH} deep")  # never handed to json
+        response = requests.Response()
+        response.status_code = answer.status
+        response.reason = answer.reason
+        response.headers = CaseInsensitiveDict(answer.headers)
+        response.encoding = get_encoding_from_headers(response.headers)
+        response._content = answer.body  # what requests' own adapter leaves there once read
+        response.url = request.url
+        response.request = request
+        response.connection = self
+        return response
+
+    def close(self) -> None:
+        pass  # no connection outlives its request
 
 
-def _connection_reason(exc: BaseException) -> str:
-    """A requests ConnectionError's cause in a few words, never its text: that holds the URL
-    path and the whole query. (urllib3 puts the socket error's words into that text.)"""
-    text = str(exc)
-    return next((reason for needle, reason in _CONNECTION_REASONS if needle in text), "connection failed")
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
+
+
+def nests_deeper(text: bytes, depth: int) -> bool:
+    """Whether JSON `text` nests arrays and objects more than `depth` deep, found without parsing
+    it (json's parser recurses once a level): with the strings gone and only the brackets left,
+    each pass removes the innermost pairs, `[]`, one level."""
+    shape = _JSON_STRING.sub(b"", text).translate(_ONE_KIND, _NOT_BRACKETS)
+    for _ in range(depth):
+        if not shape:
+            return False
+        shape = shape.replace(b"[]", b"")
+    return bool(shape)

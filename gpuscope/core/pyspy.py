@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from gpuscope.core.printable import printable
+from gpuscope.core.redact import MASK, is_secret_name, redact_text
 from gpuscope.core.stacks import StackDump, StackFrame, StackSample, ThreadStack, aggregate, classify
 
 NONBLOCKING_FROM_THREADS = 64  # more OS threads than this: do not pause the target
@@ -88,8 +90,8 @@ def exited(pid: int) -> bool:
 
 
 def _explain(stderr: str, pid: int) -> str:
-    """One sentence from py-spy's error output."""
-    text = stderr.strip()
+    """One sentence from py-spy's error output (which may quote the target: made printable)."""
+    text = printable(stderr.strip(), newlines=True)
     lower = text.lower()
     if exited(pid) or "no such file or directory" in lower or "no such process" in lower:
         return f"process {pid} exited"
@@ -104,6 +106,13 @@ def _explain(stderr: str, pid: int) -> str:
     return f"py-spy failed on process {pid}: {first.strip()}"
 
 
+def _local(variable: dict) -> tuple[str, str]:
+    """(name, repr) of a local variable: one named like a secret is masked, secrets inside the
+    value (a URL's password, a header in a dict) too."""
+    name = str(variable.get("name", "?"))
+    return name, MASK if is_secret_name(name) else redact_text(str(variable.get("repr")))
+
+
 def _parse(raw: list, pid: int, mode: str, native: bool, took: float, roots: Sequence[str]) -> StackDump:
     threads = []
     for t in raw:
@@ -113,7 +122,7 @@ def _parse(raw: list, pid: int, mode: str, native: bool, took: float, roots: Seq
                 file=f.get("filename") or "?",
                 line=int(f.get("line") or 0),
                 kind=classify(f.get("filename") or "", native_module=f.get("module"), own_roots=roots),
-                locals=tuple((v.get("name", "?"), str(v.get("repr"))) for v in f.get("locals") or ()),
+                locals=tuple(_local(v) for v in f.get("locals") or ()),
             )
             for f in t.get("frames", [])
         )

@@ -4,6 +4,11 @@ The verdict and the seven steps are the last diagnosis recorded in the session; 
 which nobody ran one gets the diagnosis of its likeliest subject (the alert's process, else the
 attached one, else the fastest grower), computed from the recorded series the way the wizard
 would. Charts are text (plotext), so the report pastes into any ticket as it is.
+
+A recording holds other people's text (command lines, users, function names, label values) and
+may have been crafted, so everything from it is made printable and escaped for Markdown: plain
+text gets its Markdown characters backslash-escaped, code spans and blocks get a fence longer than
+any run of backticks inside them (CommonMark's rule), table cells get their `|` escaped.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from gpuscope.core.diagnosis import Diagnosis, diagnose
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.model import Frame
 from gpuscope.core.node import evidence_of
+from gpuscope.core.printable import printable
 from gpuscope.core.recording import Recording
 from gpuscope.core.units import format_bytes, format_rate
 
@@ -24,6 +30,46 @@ CHART_HEIGHT = 16
 TOP_PROCESSES = 10
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STATUS_WORD = {"ok": "✔ ok", "warn": "▲ warn", "alert": "✖ ALERT", "skipped": "– skipped"}
+
+# Characters that start Markdown (GitHub's flavour) inline constructs: emphasis, code, links,
+# HTML, tables, strikethrough, entities, maths. An underscore only counts at a word's edge.
+_INLINE = re.compile(r"[\\`*\[\]<>|~&$]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+# What starts a block at the beginning of a line: a heading, a list item, a rule (a quote's ">"
+# is escaped with the inline characters).
+_BLOCK_START = re.compile(r"^(?:[#+=-]|\d+(?=[.)]))")
+_BACKTICKS = re.compile(r"`+")
+
+
+def md_text(text: object, *, line_start: bool = False) -> str:
+    """Plain text for Markdown: printable, one line, every inline construct escaped, and at the
+    start of a line (`line_start`) whatever would begin a block."""
+    escaped = _INLINE.sub(lambda m: "\\" + m.group(), printable(str(text)))
+    if not line_start:
+        return escaped
+    # "#" -> "\#"; "1." -> "1\." (the escape goes before the punctuation)
+    return _BLOCK_START.sub(lambda m: m.group() + "\\" if m.group().isdigit() else "\\" + m.group(), escaped)
+
+
+def md_code(text: str, *, in_table: bool = False, empty: str = "(none)") -> str:
+    """A code span that no backtick inside `text` can close; `empty` in italics for no text."""
+    text = printable(text)
+    if not text:
+        return f"*{empty}*"
+    fence = "`" * (max((len(run) for run in _BACKTICKS.findall(text)), default=0) + 1)
+    # A span's content that starts or ends with a backtick or a space needs a space of padding
+    # (CommonMark strips one from each side).
+    pad = " " if text[0] in "` " or text[-1] in "` " else ""
+    if in_table:
+        text = text.replace("|", "\\|")  # GFM splits cells at | even inside code spans
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_block(lines: list[str]) -> list[str]:
+    """A fenced code block no line inside can close: the fence outnumbers every backtick run."""
+    lines = [printable(line) for line in lines]
+    longest = max((len(run) for line in lines for run in _BACKTICKS.findall(line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *lines, fence]
 
 
 def subject_pid(recording: Recording, frame: Frame) -> int | None:
@@ -68,13 +114,14 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
     out: list[str] = []
     start, end = recording.start, recording.end
     out += [
-        f"# gpuscope incident report: {recording.hostname}",
+        f"# gpuscope incident report: {md_text(recording.hostname)}",
         "",
         f"- recorded: {_when(start)} to {_when(end)} ({_duration(end - start)}, {len(recording)} samples)",
-        f"- from: {recording.kind} `{recording.path.name}`, gpuscope {recording.meta.get('gpuscope_version', '?')}",
+        f"- from: {md_text(recording.kind)} {md_code(recording.path.name)}, "
+        f"gpuscope {md_text(recording.meta.get('gpuscope_version', '?'))}",
     ]
     if recording.damage:
-        out.append(f"- note: {recording.damage}")
+        out.append(f"- note: {md_text(recording.damage)}")
     out.append("")
 
     pid = subject_pid(recording, last)
@@ -97,26 +144,26 @@ def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
     out = [
         "## Verdict",
         "",
-        f"**{d.verdict}** ({d.pattern}) in PID {d.pid}: {d.memory_source.upper()} memory "
+        f"**{md_text(d.verdict)}** ({md_text(d.pattern)}) in PID {d.pid}: {md_text(d.memory_source.upper())} memory "
         f"{format_bytes(d.memory.start_bytes)} → {format_bytes(d.memory.end_bytes)} over {d.duration_s:.0f} s, "
         f"{growth} MB/s ({how}).",
         "",
-        f"Command: `{d.command}`",
+        f"Command: {md_code(d.command, empty='not known')}",
         "",
         "## The seven steps",
         "",
     ]
     for step in d.steps:
-        out.append(f"### {step.number}. {step.title} — {STATUS_WORD.get(step.status, step.status)}")
+        out.append(f"### {step.number}. {md_text(step.title)} — {md_text(STATUS_WORD.get(step.status, step.status))}")
         out.append("")
-        out.append(step.finding)
+        out.append(md_text(step.finding, line_start=True))
         numbers = _key_numbers(step.evidence)
         if numbers:
             out.append("")
-            out.append(f"Evidence: {numbers}")
+            out.append(f"Evidence: {md_text(numbers)}")
         if step.next:
             out.append("")
-            out.append(f"Next: {step.next}")
+            out.append(f"Next: {md_text(step.next)}")
         out.append("")
     return out
 
@@ -142,7 +189,7 @@ def _chart_section(recording: Recording, pid: int, end: float) -> list[str]:
     for name, values in (("GPU memory", series.gpu_bytes), ("RSS", series.rss_bytes)):
         points = [(-age, v / 2**20) for age, v in zip(series.ages, values) if v is not None]
         if len(points) >= 2:
-            out += [f"{name} (MiB):", "", "```", text_chart(points), "```", ""]
+            out += [f"{name} (MiB):", "", *md_block(text_chart(points).splitlines()), ""]
     return out
 
 
@@ -167,32 +214,34 @@ def _suspects(recording: Recording, d: Diagnosis, pid: int) -> list[str]:
                 "| # | function | where | bytes | share | method |", "|---|---|---|---|---|---|"]
         for i, s in enumerate(d.suspects[:10], start=1):
             size = format_bytes(s.bytes) if s.bytes is not None else "?"
-            out.append(f"| {i} | `{s.function}` | {s.file}:{s.line} | {size} | {s.share * 100:.0f}% | {s.method} |")
+            out.append(f"| {i} | {md_code(s.function, in_table=True)} | {md_text(f'{s.file}:{s.line}')} | {size} "
+                       f"| {s.share * 100:.0f}% | {md_text(s.method)} |")
         out.append("")
         for i, s in enumerate(d.suspects[:3], start=1):
             if s.stack:
-                out += [f"Stack of suspect {i} (innermost first):", "", "```"]
-                out += [f"{f.function}  {f.file}:{f.line}" for f in s.stack[:20]]
-                out += ["```", ""]
+                out += [f"Stack of suspect {i} (innermost first):", ""]
+                out += md_block([f"{f.function}  {f.file}:{f.line}" for f in s.stack[:20]])
+                out += [""]
     dumps = recording.events_of("stacks", pid)
     if dumps:
         dump = dumps[-1].value
-        out += [f"## Stacks of PID {pid} at {_when(dump.time)} ({dump.mode} py-spy dump)", "", "```"]
+        out += [f"## Stacks of PID {pid} at {_when(dump.time)} ({md_text(dump.mode)} py-spy dump)", ""]
+        lines = []
         for thread in dump.threads:
-            out.append(f"thread {thread.name or thread.thread_id} ({thread.state})")
-            out += [f"    {f.function}  {f.file}:{f.line}" for f in thread.frames[:15]]
-        out += ["```", ""]
+            lines.append(f"thread {thread.name or thread.thread_id} ({thread.state})")
+            lines += [f"    {f.function}  {f.file}:{f.line}" for f in thread.frames[:15]]
+        out += [*md_block(lines), ""]
     return out
 
 
 def _devices(recording: Recording, last: Frame) -> list[str]:
     if last.nvml.status is not None:
-        return ["## GPUs", "", f"No GPU data: {last.nvml.status}", ""]
+        return ["## GPUs", "", f"No GPU data: {md_text(last.nvml.status)}", ""]
     out = ["## GPUs", "", "| GPU | name | used at start | used at end | total |", "|---|---|---|---|---|"]
     for d in last.nvml.devices:
         times, used = recording.devices.get(d.index, ([], []))
         first = next((u for u in used if u is not None), None)
-        out.append(f"| {d.index} | {d.name} | {format_bytes(first)} | {format_bytes(d.memory_used)} | {format_bytes(d.memory_total)} |")
+        out.append(f"| {d.index} | {md_text(d.name)} | {format_bytes(first)} | {format_bytes(d.memory_used)} | {format_bytes(d.memory_total)} |")
     return out + [""]
 
 
@@ -202,12 +251,10 @@ def _processes(last: Frame) -> list[str]:
            "| PID | user | GPU | GPU memory | RSS | growth MB/s | command |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         gpu = "-" if r.gpu is None else str(r.gpu)
-        command = r.command.replace("|", "\\|")
-        if len(command) > 80:
-            command = command[:79] + "…"
+        command = r.command if len(r.command) <= 80 else r.command[:79] + "…"
         out.append(
-            f"| {r.pid} | {r.user or '?'} | {gpu} | {format_bytes(r.gpu_memory_bytes)} | {format_bytes(r.rss_bytes)} "
-            f"| {format_rate(r.growth_bytes_per_s, na='-')} | `{command}` |"
+            f"| {r.pid} | {md_text(r.user or '?')} | {gpu} | {format_bytes(r.gpu_memory_bytes)} | {format_bytes(r.rss_bytes)} "
+            f"| {format_rate(r.growth_bytes_per_s, na='-')} | {md_code(command, in_table=True)} |"
         )
     return out + [""]
 
@@ -216,21 +263,24 @@ def _service(recording: Recording) -> list[str]:
     good = [s for s in recording.serving if s.ok]
     if not good:
         if recording.serving:
-            return ["## Service", "", f"No serving signals: {recording.serving[-1].state}", ""]
+            return ["## Service", "", f"No serving signals: {md_text(recording.serving[-1].state)}", ""]
         return []
     first, last = good[0], good[-1]
-    out = [f"## Service ({last.profile or 'unknown profile'}, {last.source} of {last.target})", "",
-           "| signal | at start | at end |", "|---|---|---|"]
+    out = [f"## Service ({md_text(last.profile or 'unknown profile')}, {md_text(last.source)} of {md_text(last.target)})", ""]
+    jump = next((s.p99_jump for s in reversed(recording.serving) if s.p99_jump is not None), None)
+    if jump is not None:  # as the serving source found it during the session
+        out += [f"**{md_text(jump.describe())}**", ""]
+    out += ["| signal | at start | at end |", "|---|---|---|"]
     for name, value in last.signals.to_json().items():
         before = first.signals.get(name)
         if value is None and before is None:
             continue
-        out.append(f"| {name} | {_number(before)} | {_number(value)} |")
+        out.append(f"| {md_text(name)} | {_number(before)} | {_number(value)} |")
     if last.stages:
         out += ["", "| stage | p95 s | share |", "|---|---|---|"]
         for s in last.stages:
             share = "-" if s.share is None else f"{s.share * 100:.0f}%"
-            out.append(f"| {s.name} | {_number(s.p95_s)} | {share} |")
+            out.append(f"| {md_text(s.name)} | {_number(s.p95_s)} | {share} |")
     return out + [""]
 
 

@@ -13,6 +13,11 @@ samples, at the time of the newest scrape:
 - instant values (window 0, gauges): the series of each target's newest scrape. A target whose
   newest scrape failed has none, as Prometheus marks its series stale after a failed scrape;
   a series exposed twice in one scrape keeps its first sample, as Prometheus's TSDB does.
+
+Each scrape is one bounded GET (gpuscope.core.fetch: a deadline on the whole exchange, the body
+capped once decompressed, credentials to the URL's own origin only), and an exposition of more
+than MAX_LINES lines, or with a line over MAX_LINE_CHARS, is refused before it is parsed: a
+hostile or broken endpoint costs one error line a refresh, never the node's memory.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpuscope.core.exposition import Endpoint, Exposition, Labels, scrape
+from gpuscope.core import fetch
+from gpuscope.core.exposition import ACCEPT, Endpoint, Exposition, Labels, ScrapeError, not_metrics, parse_exposition
 from gpuscope.core.profiles import (
     Answer,
     CounterSum,
@@ -44,6 +50,12 @@ from gpuscope.core.serving_model import Evaluation, FleetRow, Signals
 
 RETENTION_MARGIN_S = 5.0  # samples kept beyond the window: the range must find its first sample
 MAX_POINTS = 4096  # per series, whatever the window (an hour at one scrape a second fits)
+# What one exposition may hold. A busy vLLM server beside the dcgm-exporter of a large node sends
+# ~5 MB in ~30,000 lines. Parsing costs ~40 us and a few kB a line (every line is parsed when no
+# profile is detected), and an unparseable line costs several copies of itself.
+MAX_BYTES = 16 << 20  # decompressed
+MAX_LINES = 50_000
+MAX_LINE_CHARS = 64 << 10
 
 Points = deque  # of (time, value), oldest first
 
@@ -56,6 +68,7 @@ class _Target:
     names: frozenset[str] = frozenset()  # every name of the newest good scrape (for detection)
     up: bool = False  # the newest scrape succeeded
     malformed: int = 0
+    format: str | None = None  # of the newest good scrape
 
     def add(self, at: float, exposition: Exposition, keep: Iterable[str], oldest: float) -> None:
         for name in keep:
@@ -103,6 +116,8 @@ class ScrapeCollector:
         self.timeout = timeout
         self._profiles = tuple(profiles)
         self._clock = clock
+        for url in urls:
+            fetch.check_url(url)  # ValueError: one line, before any connection
         self._targets = [_Target(Endpoint.parse(u)) for u in urls]
         self._lock = threading.Lock()
         self.target = ",".join(t.endpoint.display for t in self._targets)
@@ -136,6 +151,7 @@ class ScrapeCollector:
             target.names = exposition.names
             target.up = True
             target.malformed = exposition.malformed
+            target.format = exposition.format
             profile = detect(self._profiles, self._all_names())
             kept = kept_names(profile, exposition.names) if profile else ()
             target.add(at, exposition, kept, oldest=at - self.window_s - RETENTION_MARGIN_S)
@@ -148,6 +164,13 @@ class ScrapeCollector:
     def malformed_lines(self) -> int:
         with self._lock:
             return sum(t.malformed for t in self._targets if t.up)
+
+    @property
+    def format(self) -> str | None:
+        """The format of each target's newest good scrape, joined by "," like `target`."""
+        with self._lock:
+            formats = [t.format for t in self._targets]
+        return ",".join(f or "-" for f in formats) if any(formats) else None
 
     @property
     def fleet(self) -> tuple[FleetRow, ...]:
@@ -172,6 +195,40 @@ class ScrapeCollector:
             answers = _Evaluator(self._targets, self.window_s, max(newest)).run(queries)
         signals, stages = assemble(resolved, self.window_s, answers)
         return Evaluation(profile.name, signals, stages)
+
+
+def scrape(
+    endpoint: Endpoint, timeout: float, wanted: Callable[[frozenset[str]], Container[str] | None] | None = None
+) -> Exposition:
+    """GET and parse one exposition (see parse_exposition for `wanted`) within `timeout` seconds.
+    Raises SourceError (one printable line): no answer, an error status, too big, not metrics."""
+    headers = {"Accept": ACCEPT}
+    if endpoint.authorization:
+        headers["Authorization"] = endpoint.authorization
+    where = endpoint.display
+    answer = fetch.get(endpoint.url, where=where, timeout=timeout, max_bytes=MAX_BYTES, headers=headers)
+    if not answer.ok:
+        raise ScrapeError(f"{where} answered HTTP {answer.status} {answer.reason}".rstrip(), unreachable=False)
+    text = answer.body.decode("utf-8", errors="replace")
+    _check_size(text, where)
+    exposition = parse_exposition(text, answer.content_type, wanted)
+    reason = not_metrics(text, exposition)
+    if reason is not None:
+        raise ScrapeError(f"{where}: not metrics ({reason})", unreachable=False)
+    return exposition
+
+
+def _check_size(text: str, where: str) -> None:
+    lines = text.count("\n")
+    if lines > MAX_LINES:
+        raise ScrapeError(f"{where} sent {lines:,} lines; gpuscope reads at most {MAX_LINES:,}: refused", unreachable=False)
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        if end - start > MAX_LINE_CHARS:
+            raise ScrapeError(f"{where} sent a line of over {MAX_LINE_CHARS:,} characters: refused", unreachable=False)
+        start = end + 1
 
 
 class _Evaluator:

@@ -15,8 +15,11 @@ immutable `ServingSnapshot` handed to a plain callback after every read, like No
     source.stop()
 
 `observe(collector)` is the synchronous form for `gpuscope metrics`: one read per target with a
-window of 0 (or with Prometheus, which holds the history itself), else a read about every second
-for the window, then one evaluation.
+window of 0 (or with Prometheus, which holds the history itself), else reads spread over the
+window (about one a second, or as many as asked: two for "now"), then one evaluation.
+
+Every snapshot carries what the core finds in its history (a P99 jump, gpuscope.core.changepoint),
+so whatever shows or records a snapshot shows the same finding.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuscope.config import Config
+from gpuscope.core.changepoint import latency_jump
 from gpuscope.core.poller import Poller, Reading
 from gpuscope.core.profiles import load_profiles
 from gpuscope.core.scrape import ScrapeCollector
@@ -70,6 +74,9 @@ class Collector(Protocol):
 
     @property
     def malformed_lines(self) -> int: ...
+
+    @property
+    def format(self) -> str | None: ...  # the exposition format(s) read; None from Prometheus
 
     @property
     def fleet(self) -> tuple[FleetRow, ...]: ...
@@ -261,16 +268,18 @@ def _make_snapshot(
         as_of=as_of,
         history=history,
         fleet=collector.fleet,
+        format=collector.format,
+        p99_jump=latency_jump([(p.time, p.signals.e2e_latency_p99_s) for p in history]),
     )
 
 
-def scrape_schedule(window_s: float, step_s: float = 1.0) -> list[float]:
-    """Offsets (s from the first read) at which observe() reads for a window: about one a
-    second, at least five reads, the last a little (5 % of a step) before the window ends so that
-    the first read still falls inside the range `[last - window, last]`."""
+def scrape_schedule(window_s: float, reads: int | None = None) -> list[float]:
+    """Offsets (s from the first read) at which observe() reads for a window: `reads` reads, or
+    by default about one a second and at least five; the last a little (5 % of a step) before
+    the window ends so that the first read still falls inside the range `[last - window, last]`."""
     if window_s <= 0:
         return [0.0]
-    intervals = max(4, math.ceil(window_s / step_s))
+    intervals = max(1, reads - 1) if reads else max(4, math.ceil(window_s))
     step = window_s / intervals
     span = window_s - 0.05 * step
     return [span * k / intervals for k in range(intervals + 1)]
@@ -279,26 +288,24 @@ def scrape_schedule(window_s: float, step_s: float = 1.0) -> list[float]:
 def observe(
     collector: Collector,
     *,
+    reads: int | None = None,
     progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.time,
+    keep_open: bool = False,
 ) -> ServingSnapshot:
     """Read the target(s) and compute the signals once (the headless command).
 
-    The scrape source with a window W > 0 reads for W seconds (`scrape_schedule`); Prometheus
-    and a window of 0 need one read. The first failed read ends the observation: the snapshot's
-    `state` is then the reason (one plain line), and its signals are empty.
+    The scrape source with a window W > 0 reads over W seconds (`scrape_schedule`, with `reads`);
+    Prometheus and a window of 0 need one read. The first failed read ends the observation at
+    once: the snapshot's `state` is then the reason (one plain line), and its signals are empty.
+    `progress` hears one line once the first read succeeded. The collector is closed afterwards
+    unless `keep_open` (to go on reading it live).
     """
-    offsets = scrape_schedule(collector.window_s) if collector.source == "scrape" else [0.0]
-    if progress is not None and len(offsets) > 1:
-        step = offsets[1] - offsets[0]
-        progress(
-            f"observing {collector.target} for {collector.window_s:g} s "
-            f"({len(offsets)} scrapes, one every {step:.2g} s)"
-        )
+    offsets = scrape_schedule(collector.window_s, reads) if collector.source == "scrape" else [0.0]
     readers = collector.readers()
     started = time.monotonic()
     try:
-        for offset in offsets:
+        for n, offset in enumerate(offsets):
             delay = started + offset - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
@@ -308,8 +315,14 @@ def observe(
                 except SourceError as exc:
                     empty = Evaluation(None, Signals())
                     return _make_snapshot(collector, clock(), empty, str(exc), None, ())
+            if n == 0 and progress is not None and len(offsets) > 1:
+                progress(
+                    f"observing {collector.target} for {collector.window_s:g} s "
+                    f"({len(offsets)} scrapes, {offsets[1] - offsets[0]:.1f} s apart)"
+                )
         now = clock()
         evaluation = collector.evaluate()
         return _make_snapshot(collector, now, evaluation, "ok", now, (SignalPoint(now, evaluation.signals),))
     finally:
-        collector.close()
+        if not keep_open:
+            collector.close()

@@ -2,7 +2,8 @@
 
 A `ServingSnapshot` is what the service looks like at one instant: the ten signals of
 `gpuscope metrics --json`, the per-stage latencies, where they came from, whether the source is
-healthy, and a short history of the signals for charts. Nothing here imports a UI library.
+healthy, a short history of the signals for charts, and what the core found in that history (a
+P99 jump). Nothing here imports a UI library.
 
 Every number is a float or None. None means "cannot be computed" (no such metric, no
 observations in the window, a rate with fewer than two samples): never 0, never a guess.
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+
+from gpuscope.core.changepoint import Jump
+from gpuscope.core.printable import printable
 
 SCHEMA = "gpuscope.metrics/1"
 
@@ -25,7 +29,7 @@ def finite_or_none(value: float | None) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class Signals:
-    """The service's headline numbers, in the order of DESIGN.md's JSON contract. Seconds for
+    """The service's headline numbers, in the order of the `metrics --json` contract. Seconds for
     latencies, per second for rates, a 0-1 fraction for error_rate and kv_cache_usage, a number
     of requests for queue_depth."""
 
@@ -65,6 +69,9 @@ class StageStats:
     p99_s: float | None = None
     share: float | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", printable(self.name))  # a label value: the service's text
+
     def to_json(self) -> dict[str, float | None]:
         return {"p50_s": self.p50_s, "p95_s": self.p95_s, "p99_s": self.p99_s, "share": self.share}
 
@@ -81,6 +88,12 @@ class FleetRow:
     namespace: str | None
     used_mib: float | None
     growth_mib_per_s: float | None
+
+    def __post_init__(self) -> None:
+        for name in ("host", "gpu", "uuid", "pod", "namespace"):  # label values: the exporters' text
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, printable(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +119,10 @@ class ServingSnapshot:
     - `malformed_lines`: lines of the latest scrape(s) that could not be parsed and were skipped.
     - `history`: the signals of recent good evaluations, oldest first (bounded).
     - `fleet`: GPUs by memory growth (Prometheus source with dcgm-exporter only; else empty).
+    - `format`: the exposition format read, per target joined by "," like `target` (scrape
+      source, e.g. "text/plain; version=0.0.4"); None from Prometheus or before a good read.
+    - `p99_jump`: the latest upward shift of the e2e P99 in the history
+      (gpuscope.core.changepoint), found when the snapshot was made; None: no jump.
     """
 
     time: float
@@ -120,6 +137,8 @@ class ServingSnapshot:
     as_of: float | None = None
     history: tuple[SignalPoint, ...] = ()
     fleet: tuple[FleetRow, ...] = ()
+    format: str | None = None
+    p99_jump: Jump | None = None
 
     @property
     def ok(self) -> bool:
@@ -133,7 +152,8 @@ class ServingSnapshot:
         return tuple((p.time, p.signals.get(name)) for p in self.history)
 
     def to_json(self) -> dict:
-        """The `gpuscope metrics --json` object (DESIGN.md's gpuscope.metrics/1 contract)."""
+        """The `gpuscope metrics --json` object (the gpuscope.metrics/1 contract; `format` and
+        `p99_jump` were added after the first seven keys)."""
         return {
             "schema": SCHEMA,
             "source": self.source,
@@ -142,6 +162,8 @@ class ServingSnapshot:
             "window_s": self.window_s,
             "signals": self.signals.to_json(),
             "stages": {s.name: s.to_json() for s in self.stages},
+            "format": self.format,
+            "p99_jump": self.p99_jump.to_json() if self.p99_jump else None,
         }
 
 

@@ -4,6 +4,9 @@ A frame is the program's own code, the standard library, an installed package (s
 or native code. The operator cares about the first kind: that is where a fix goes. Suspects are
 named after the innermost own frame of a stack, with comprehension frames folded into the
 function that holds them.
+
+Function, file and thread names come from the target process (or from a recording), so they are
+made printable (gpuscope.core.printable) when a frame is made, wherever it is made.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from gpuscope.core.printable import printable
 
 OWN, STDLIB, LIBRARY, NATIVE = "own", "stdlib", "library", "native"
 
@@ -28,6 +33,12 @@ class StackFrame:
     kind: str = OWN
     locals: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # only when asked for
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "function", printable(self.function))
+        object.__setattr__(self, "file", printable(self.file))
+        if self.locals:
+            object.__setattr__(self, "locals", tuple((printable(n), printable(v)) for n, v in self.locals))
+
     def label(self) -> str:
         return f"{self.function} ({self.file}:{self.line})" if self.line else f"{self.function} ({self.file})"
 
@@ -40,6 +51,10 @@ class ThreadStack:
     active: bool
     owns_gil: bool
     frames: tuple[StackFrame, ...]  # innermost first
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            object.__setattr__(self, "name", printable(self.name))
 
     @property
     def state(self) -> str:
@@ -94,6 +109,10 @@ class Suspect:
     method: str  # "torch-history" | "memray" | "stack-sampling"
     stack: tuple[StackFrame, ...] = field(default=(), compare=False)  # innermost first
     count: int | None = None  # allocations (memray) or samples (stack sampling)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "function", printable(self.function))
+        object.__setattr__(self, "file", printable(self.file))
 
     def to_json(self) -> dict:
         return {

@@ -10,6 +10,7 @@ from textual.binding import Binding
 from textual.message import Message
 
 from gpuscope.core.model import Alert, Frame
+from gpuscope.core.printable import printable
 from gpuscope.core.units import format_rate
 from gpuscope.tui.textlines import TextLines
 
@@ -23,7 +24,7 @@ def _duration(seconds: float | None) -> str:
 def describe(alert: Alert) -> Text:
     text = Text()
     text.append("⚠ LEAK ", style="bold red")
-    text.append(alert.label, style="bold")
+    text.append(printable(alert.label), style="bold")
     text.append(f" {format_rate(alert.growth_bytes_per_s)} MB/s")
     if alert.since is not None:
         text.append(f" since {time.strftime('%H:%M:%S', time.localtime(alert.since))}")

@@ -26,6 +26,7 @@ from textual.widgets import Footer, Input
 
 from gpuscope import __version__
 from gpuscope.core.model import Frame
+from gpuscope.core.printable import printable
 from gpuscope.config import SloConfig
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.serving import ServingSource
@@ -379,6 +380,10 @@ class GpuScopeApp(App):
         for widget in self.screen.walk_children():
             widget.refresh()
 
+    def notify(self, message: str, *, title: str = "", markup: bool = False, **kwargs) -> None:
+        """Notifications quote file names and error texts: never markup, always printable."""
+        super().notify(printable(message, newlines=True), title=printable(title), markup=markup, **kwargs)
+
     def add_cleanup(self, cleanup: Callable[[], object]) -> None:
         """Something that must happen when the console ends, even if the terminal is lost."""
         self._cleanups.append(cleanup)
@@ -442,7 +447,7 @@ class GpuScopeApp(App):
         gpus = len(frame.nvml.devices)
         parts = [
             f"gpuscope {__version__}",
-            frame.hostname,
+            printable(frame.hostname),  # a recording's: someone else's text
             f"{gpus} GPU{'s' if gpus != 1 else ''}" if frame.nvml.status is None else "no NVML",
             f"sort: {SORTS[table.sort_name][0]}",
         ]

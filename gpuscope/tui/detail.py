@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from gpuscope.core.model import Frame, ProcessRow, TorchMemory
+from gpuscope.core.printable import printable
 from gpuscope.core.units import format_bytes, format_rate
 from gpuscope.tui.textlines import TextLines
 
@@ -26,17 +27,18 @@ class ProcessPanel(TextLines):
             if d.exited:
                 text.append("  ✖ exited", style="bold red")
             elif d.status:
-                text.append(f"  {d.status}")
+                text.append(f"  {printable(d.status)}")
             text.append("\n")
-            text.append(f"user    {d.user or '?'}\n")
+            # One line each: a newline in someone's folder name must not forge the next line.
+            text.append(f"user    {printable(d.user or '?')}\n")
             text.append(f"python  {d.python_version or 'not Python'}\n")
             text.append(f"threads {'-' if d.threads is None else d.threads}\n")
-            text.append(f"cwd     {d.cwd or '(not readable)'}\n")
+            text.append(f"cwd     {printable(d.cwd or '(not readable)')}\n")
             text.append_text(_memory_lines(rows))
             torch = next((t for t in frame.torch if t.pid == d.pid), None)
             if torch is not None:
                 text.append_text(torch_lines(torch, rows))
-            text.append(f"cmd     {d.command}", style="dim")
+            text.append(f"cmd     {printable(d.command)}", style="dim")
         self.set_text(text)
 
 

@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
 from gpuscope.core.model import Frame
+from gpuscope.core.printable import printable
 from gpuscope.core.units import format_bytes
 from gpuscope.tui.textlines import TextLines
 
@@ -76,9 +77,10 @@ class DevicesPanel(Vertical):
         bars: list[Text] = []
         numbers: list[Text] = []
         for d in frame.nvml.devices:
-            names.append(Text(f"GPU{d.index:<2} {d.name[:name_width]:<{name_width}}"))
+            # Three columns joined line by line: a newline inside a name would shift the others.
+            names.append(Text(f"GPU{d.index:<2} {printable(d.name)[:name_width]:<{name_width}}"))
             if d.error:
-                bars.append(Text(f"✖ {d.error}", style="bold red", no_wrap=True, overflow="ellipsis"))
+                bars.append(Text(f"✖ {printable(d.error)}", style="bold red", no_wrap=True, overflow="ellipsis"))
                 numbers.append(Text(""))
                 continue
             util = "N/A" if d.utilization is None else f"{d.utilization}%"
@@ -90,7 +92,7 @@ class DevicesPanel(Vertical):
             ))
         host = frame.host
         if host is not None:
-            names.append(Text(f"HOST  {frame.hostname[:name_width]:<{name_width}}"))
+            names.append(Text(f"HOST  {printable(frame.hostname)[:name_width]:<{name_width}}"))
             bars.append(bar(host.used, host.total, bar_width))
             numbers.append(Text(f"{format_bytes(host.used):>6}/{format_bytes(host.total):<6} {percent(host.used, host.total)}"))
         self.query_one("#dev-names", TextLines).set_text(lines(names))
@@ -100,8 +102,8 @@ class DevicesPanel(Vertical):
         status = Text()
         if frame.nvml.status:
             status.append("⚠ ", style="bold yellow")
-            status.append(f"{frame.nvml.status} — showing host memory only", style="yellow")
-        notices = lines([Text.assemble(("! ", "bold yellow"), (n, "yellow")) for n in frame.notices])
+            status.append(f"{printable(frame.nvml.status)} — showing host memory only", style="yellow")
+        notices = lines([Text.assemble(("! ", "bold yellow"), (printable(n), "yellow")) for n in frame.notices])
         for widget_id, text in (("nvml-status", status), ("notices", notices)):
             widget = self.query_one(f"#{widget_id}", TextLines)
             widget.set_class(not text.plain, "empty")

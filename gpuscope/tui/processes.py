@@ -21,6 +21,7 @@ from textual.message import Message
 from textual.widget import Widget
 
 from gpuscope.core.model import ProcessRow
+from gpuscope.core.printable import printable
 from gpuscope.core.units import format_bytes, format_rate
 from gpuscope.tui.textlines import TextLines
 
@@ -61,13 +62,13 @@ def row_cells(row: ProcessRow, growth_style: str) -> dict[str, tuple[str, str]]:
         grow = (format_rate(growth), "dim")
     return {
         "pid": (str(row.pid), ""),
-        "user": ((row.user or "?")[:8], ""),
+        "user": (printable(row.user or "?")[:8], ""),
         "gpu": ("-" if row.gpu is None else str(row.gpu), ""),
         "gpu_mem": ("-" if row.gpu is None else format_bytes(row.gpu_memory_bytes), ""),
         "rss": (format_bytes(row.rss_bytes), ""),
         "growth": grow,
         "cpu": ("" if row.cpu_percent is None else f"{row.cpu_percent:.0f}", ""),
-        "command": (row.command, ""),
+        "command": (printable(row.command), ""),
     }
 
 

@@ -1,6 +1,7 @@
 """The service panel: what the memory problem does to the service.
 
-Three lines: where the numbers come from and whether the source answers; the headline signals
+Three lines: where the numbers come from, whether the source answers, and the P99 jump the core
+found (the snapshot carries it; nothing is computed here); the headline signals
 with a sparkline of their recent history (latency over its SLO is coloured and marked "!"); and
 the pipeline's stages with their share of the request time as bars. When the target stops
 answering, the panel says since when instead of showing stale numbers as if they were current.
@@ -13,7 +14,7 @@ import time
 from rich.text import Text
 
 from gpuscope.config import SloConfig
-from gpuscope.core.changepoint import latency_jump
+from gpuscope.core.printable import printable
 from gpuscope.core.serving_model import ServingSnapshot
 from gpuscope.tui.textlines import TextLines
 
@@ -60,20 +61,15 @@ class ServicePanel(TextLines):
         s = snap.signals
         text = Text()
         text.append("SERVICE ", style="bold")
-        text.append(f"{snap.profile or 'unknown profile'} · {snap.source} {snap.target}")
+        text.append(printable(f"{snap.profile or 'unknown profile'} · {snap.source} {snap.target}"))
         if snap.ok:
             text.append(f" · {snap.window_s:g} s window")
         else:
-            text.append(f" · ✖ {snap.state}", style="bold red")
+            text.append(f" · ✖ {printable(snap.state)}", style="bold red")  # may quote the server
             if snap.as_of:
                 text.append(f" (numbers as of {time.strftime('%H:%M:%S', time.localtime(snap.as_of))})", style="dim")
-        jump = latency_jump(snap.series("e2e_latency_p99_s"))
-        if jump is not None:
-            text.append(
-                f" · ▲ P99 jumped {seconds(jump.before)}→{seconds(jump.after)} at "
-                f"{time.strftime('%H:%M:%S', time.localtime(jump.started))}",
-                style="bold yellow",
-            )
+        if snap.p99_jump is not None:  # found by the core when the snapshot was made
+            text.append(f" · ▲ {snap.p99_jump.describe()}", style="bold yellow")
         text.append("\n")
         stale = "" if snap.ok else "dim"
         self._signal(text, "P95", seconds(s.e2e_latency_p95_s), snap, "e2e_latency_p95_s", self.slo.e2e_latency_p95_s, stale)

@@ -3,6 +3,9 @@
 Each screen runs its core call (py-spy, the attribution ladder) in a worker thread and renders
 the immutable result when it arrives; Esc cancels, and a cancelled job stops at its next check
 (py-spy is never left holding the target: the core functions handle that).
+
+Frames, thread names and error messages are the target's text (or a recording's): the tree and
+the status line take Rich Text only, never markup, made printable (`printable_text`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from textual.widgets.tree import TreeNode
 from gpuscope.core import allocations, pyspy
 from gpuscope.core.allocations import Attribution
 from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
+from gpuscope.tui.textlines import printable_text
 
 MARK = {OWN: "●", STDLIB: "·", LIBRARY: "○", NATIVE: "◆"}
 STYLE = {OWN: "bold", STDLIB: "dim", LIBRARY: "italic", NATIVE: "dim italic"}
@@ -33,6 +37,13 @@ ATTRIBUTION_SECONDS = 10.0
 def frame_label(frame: StackFrame, prefix: str = "") -> Text:
     where = f"{frame.file.rsplit('/', 1)[-1]}:{frame.line}" if frame.line else frame.file.rsplit("/", 1)[-1]
     return Text.assemble(prefix, (f"{MARK.get(frame.kind, ' ')} {frame.function}", STYLE.get(frame.kind, "")), f"  {where}")
+
+
+class CodeTree(Tree):
+    """A Tree whose labels are never markup and never carry control characters."""
+
+    def process_label(self, label: str | Text) -> Text:
+        return super().process_label(printable_text(label))
 
 
 class CodePathScreen(ModalScreen[None]):
@@ -60,7 +71,7 @@ class CodePathScreen(ModalScreen[None]):
             yield Static(LEGEND, id="legend")
             yield Static("", id="status")
             yield ProgressBar(total=100, show_eta=False, id="progress")
-            yield Tree("…", id="tree")
+            yield CodeTree("…", id="tree")
         yield Footer()
 
     def from_worker(self, method, *args) -> None:
@@ -73,7 +84,7 @@ class CodePathScreen(ModalScreen[None]):
             method(*args)
 
     def status(self, text: str | Text) -> None:
-        self.query_one("#status", Static).update(text)
+        self.query_one("#status", Static).update(printable_text(text))
 
     def progress(self, fraction: float) -> None:
         self.query_one(ProgressBar).update(progress=100 * fraction)

@@ -4,6 +4,11 @@ A Static repaints its whole region whenever its text changes, so a panel whose c
 ticks every second resends every line of it over SSH. TextLines keeps the rendered cells of each
 line and, on an update, asks Textual to repaint just the span between the first and the last cell
 that differ on each changed line; the rest of the panel costs no bytes at all.
+
+Most of what the console shows passes through here, much of it other people's text (command
+lines, folders, function names, label values, a recording's contents): every text is made
+printable on the way in (`printable_text`), so no control character reaches the terminal. Text is
+a Rich Text, never markup, so "[bold]" in a command line is shown as it is.
 """
 
 from __future__ import annotations
@@ -15,7 +20,24 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
+from gpuscope.core.printable import printable
+
 Cells = tuple[tuple[str, Style | None], ...]
+
+
+def printable_text(text: Text | str) -> Text:
+    """`text` as a Text (a str is never read as markup) with every control, format and separator
+    character replaced by a visible one; newlines stay. One character is replaced by one, so
+    the styles' spans stay where they were."""
+    if isinstance(text, str):
+        text = Text(text)
+    plain = text.plain
+    shown = printable(plain, newlines=True)
+    if shown == plain:
+        return text
+    text = text.copy()
+    text.plain = shown
+    return text
 
 
 def cells_of(segments: list[Segment]) -> Cells | None:
@@ -49,7 +71,7 @@ class TextLines(Widget):
 
     def __init__(self, text: Text | str = "", *, wrap: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._text = Text(text) if isinstance(text, str) else text
+        self._text = printable_text(text)
         self.wrap = wrap  # False: one line per "\n"-separated line, cropped to the width
         self._strips: list[Strip] = []
         self._cells: list[Cells | None] = []
@@ -66,6 +88,7 @@ class TextLines(Widget):
         return ["".join(seg.text for seg in strip) for strip in self._strips]
 
     def set_text(self, text: Text) -> None:
+        text = printable_text(text)
         if text == self._text:  # same characters and styles: nothing to lay out or send
             return
         self._text = text

@@ -27,6 +27,7 @@ from textual.widgets.option_list import Option
 from gpuscope.core import allocations
 from gpuscope.core.atomic import private_folder, write_private
 from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step, diagnose
+from gpuscope.core.printable import printable
 from gpuscope.folders import exports_dir
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
@@ -96,9 +97,10 @@ class WizardScreen(Screen[None]):
         steps.clear_options()
         for step in d.steps:
             mark, style = MARK[step.status]
-            label = Text.assemble((f"{mark} ", style), f"{step.number}. {step.title}")
+            title = printable(step.title)  # a replayed recording's text
+            label = Text.assemble((f"{mark} ", style), f"{step.number}. {title}")
             if step.number == 7 and self.working.is_set():
-                label = Text.assemble(("… ", "bold"), f"{step.number}. {step.title}")
+                label = Text.assemble(("… ", "bold"), f"{step.number}. {title}")
             steps.add_option(Option(label, id=str(step.number)))
         steps.highlighted = highlighted
         self._show_title()
@@ -134,11 +136,14 @@ class WizardScreen(Screen[None]):
 
     def show_step(self, step: Step) -> None:
         mark, style = MARK[step.status]
-        text = Text.assemble((f"{step.number}. {step.title}", "bold"), "  ", (f"{mark} {step.status}", style), "\n\n")
-        text.append(step.finding + "\n")
+        text = Text.assemble((f"{step.number}. {printable(step.title)}", "bold"), "  ", (f"{mark} {step.status}", style), "\n\n")
+        text.append(printable(step.finding) + "\n")
+        serving = self.evidence.serving_end if self.evidence else None
+        if step.number == 3 and serving is not None and serving.p99_jump is not None:
+            text.append(serving.p99_jump.describe() + "\n", style="bold yellow")  # the snapshot's finding
         if step.next:
             text.append("\nnext: ", style="bold")
-            text.append(step.next + "\n")
+            text.append(printable(step.next) + "\n")
         if step.number == 7:
             text.append("\na: look for the allocation sites again · Enter: the stacks behind the suspects\n", style="dim")
         evidence = {k: v for k, v in step.evidence.items() if k not in ("stacks",)}
