@@ -20,7 +20,9 @@ import json
 import math
 import os
 import sqlite3
+import shutil
 import stat
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -298,18 +300,19 @@ def open_recording(path: str | Path) -> Recording:
         raise RecordingError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     if header != b"SQLite format 3\x00":
         raise RecordingError(f"{path}: not a gpuscope snapshot or journal")
-    conn = _connect(path)
     skipped: Counter = Counter()
-    try:
-        _check_tables(conn, path)
-        meta = _meta(conn, path, skipped)
-        records, cut_short = _rows(conn, "SELECT t, keyframe, data FROM frames ORDER BY rowid")
-        serving_rows, problem = _rows(conn, "SELECT t, data FROM serving ORDER BY rowid")
-        cut_short = cut_short or problem
-        event_rows, problem = _rows(conn, "SELECT t, kind, data FROM events ORDER BY rowid")
-        cut_short = cut_short or problem
-    finally:
-        conn.close()
+    with tempfile.TemporaryDirectory(prefix="gpuscope-read-") as private:  # 0700
+        conn = _connect(path, Path(private))
+        try:
+            _check_tables(conn, path)
+            meta = _meta(conn, path, skipped)
+            records, cut_short = _rows(conn, "SELECT t, keyframe, data FROM frames ORDER BY rowid")
+            serving_rows, problem = _rows(conn, "SELECT t, data FROM serving ORDER BY rowid")
+            cut_short = cut_short or problem
+            event_rows, problem = _rows(conn, "SELECT t, kind, data FROM events ORDER BY rowid")
+            cut_short = cut_short or problem
+        finally:
+            conn.close()
     serving = []
     for _, blob in serving_rows:
         snapshot = _decoded(ServingSnapshot, blob)
@@ -345,9 +348,13 @@ def describe_damage(cut_short: str | None, skipped: Counter) -> str | None:
 MAX_CELL_BYTES = 32 * 2**20  # a stored record is zlib'd and inflates to at most 16 MiB
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: Path, private: Path) -> sqlite3.Connection:
     # Read-write when allowed, so SQLite can recover a journal whose recording was killed (its
-    # WAL is replayed into the file); read-only otherwise.
+    # WAL is replayed into the file); read-only otherwise. A file that is not ours in a folder
+    # only we can write is read from a copy in `private`: SQLite writes beside the file it opens
+    # (-wal, -shm), and would do so with gpuscope's rights through any link planted there.
+    if not _ours_alone(path):
+        path = _private_copy(path, private)
     try:
         conn = _hardened(sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=5.0))
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
@@ -362,6 +369,37 @@ def _connect(path: Path) -> sqlite3.Connection:
         if "malformed" in str(exc):
             raise RecordingError(f"{path}: the file is damaged or cut short ({exc}); nothing in it can be read") from None
         raise RecordingError(f"{path}: cannot be read as a gpuscope snapshot or journal ({exc})") from None
+
+
+def _ours_alone(path: Path) -> bool:
+    me = os.geteuid()
+    file, folder = path.stat(), path.absolute().parent.stat()
+    return file.st_uid == me and folder.st_uid == me and not folder.st_mode & 0o022
+
+
+def _private_copy(path: Path, folder: Path) -> Path:
+    """`path` and its write-ahead log (if it has one of the same owner) copied into `folder`,
+    opened without following links; what is not a regular file is not copied."""
+    owner = path.stat().st_uid
+    copy = folder / "recording"
+    for source, target in ((path, copy), (Path(f"{path}-wal"), Path(f"{copy}-wal"))):
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if source == path:
+                raise RecordingError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+            continue
+        with os.fdopen(fd, "rb") as src:
+            st = os.fstat(src.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
+                if source == path:
+                    raise RecordingError(f"{path}: is not a regular file")
+                continue
+            with open(target, "xb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    return copy
 
 
 def _hardened(conn: sqlite3.Connection) -> sqlite3.Connection:

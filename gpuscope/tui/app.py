@@ -462,7 +462,10 @@ class GpuScopeApp(App):
     # -- input -------------------------------------------------------------------------------------
 
     def on_process_table_highlighted(self, event: ProcessTable.Highlighted) -> None:
-        current = self.query_one(ProcessTable).selected_row
+        tables = self.query(ProcessTable)
+        if not tables:
+            return  # posted just before the console closed: the table is gone
+        current = tables.first().selected_row
         if current is None or current.key != event.row.key:
             return  # stale: the cursor has moved on since this was posted
         if current.pid != self._charted_pid:
