@@ -281,6 +281,8 @@ def open_recording(path: str | Path) -> Recording:
     """Load a journal or a snapshot; RecordingError (one line) when it cannot be replayed."""
     path = Path(path)
     try:
+        if path.is_symlink() and path.lstat().st_uid != os.geteuid():
+            raise RecordingError(f"{path}: is a link of another user's; give the file it points to")
         st = path.stat()
     except FileNotFoundError:
         raise RecordingError(f"{path}: no such file") from None
