@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gpuscope.core.allocations import Attribution
 from gpuscope.core.leak import LeakAssessment, LeakThresholds, assess
+from gpuscope.core.markdown import md_code, md_text
 from gpuscope.core.model import ProcessRow
 from gpuscope.core.serving_model import FleetRow, ServingSnapshot
 from gpuscope.core.stacks import Suspect, stack_json
@@ -120,28 +121,29 @@ class Diagnosis:
         }
 
     def to_text(self) -> str:
-        """The report as Markdown-like text."""
+        """The report as Markdown; every text from the process or a recording escaped."""
         mark = {OK: "ok", WARN: "warn", ALERT: "ALERT", SKIPPED: "skipped"}
         lines = [
             f"# gpuscope diagnosis of PID {self.pid}",
             "",
-            f"command: {self.command}",
-            f"verdict: **{self.verdict}** ({self.pattern}), {self.memory_source} memory "
+            f"command: {md_code(self.command, empty='not known')}",
+            f"verdict: **{md_text(self.verdict)}** ({md_text(self.pattern)}), {md_text(self.memory_source)} memory "
             f"{format_bytes(self.memory.start_bytes)} -> {format_bytes(self.memory.end_bytes)} over {self.duration_s:.0f} s, "
             f"{format_rate(self.memory.growth_bytes_per_s, na='-')} MB/s",
             "",
         ]
         for step in self.steps:
-            lines.append(f"## {step.number}. {step.title} [{mark[step.status]}]")
-            lines.append(step.finding)
+            lines.append(f"## {step.number}. {md_text(step.title)} [{mark.get(step.status, '?')}]")
+            lines.append(md_text(step.finding, line_start=True))
             if step.next:
-                lines.append(f"next: {step.next}")
+                lines.append(f"next: {md_text(step.next)}")
             lines.append("")
         if self.suspects:
             lines.append("## Suspects")
             for i, s in enumerate(self.suspects, start=1):
                 size = format_bytes(s.bytes) if s.bytes is not None else "bytes unknown"
-                lines.append(f"{i}. {s.function} ({s.file}:{s.line}) {s.share * 100:.0f}% {size} [{s.method}]")
+                lines.append(f"{i}. {md_code(s.function)} ({md_code(f'{s.file}:{s.line}')}) {s.share * 100:.0f}% {size} "
+                             f"[{md_text(s.method)}]")
         return "\n".join(lines).rstrip() + "\n"
 
 

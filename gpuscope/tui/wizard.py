@@ -35,6 +35,7 @@ from gpuscope.tui.textlines import TextLines
 HISTORY_S = 3600.0  # diagnose over up to the last hour the console recorded
 ATTRIBUTION_S = 10.0
 MARK = {OK: ("✔", "green"), WARN: ("!", "yellow"), ALERT: ("✖", "bold red"), SKIPPED: ("–", "dim")}
+UNKNOWN_MARK = ("?", "dim")  # a status no gpuscope writes: a replayed recording was damaged
 
 
 class WizardScreen(Screen[None]):
@@ -96,7 +97,7 @@ class WizardScreen(Screen[None]):
         highlighted = steps.highlighted if steps.highlighted is not None else self._first_interesting(d)
         steps.clear_options()
         for step in d.steps:
-            mark, style = MARK[step.status]
+            mark, style = MARK.get(step.status, UNKNOWN_MARK)
             title = printable(step.title)  # a replayed recording's text
             label = Text.assemble((f"{mark} ", style), f"{step.number}. {title}")
             if step.number == 7 and self.working.is_set():
@@ -135,7 +136,7 @@ class WizardScreen(Screen[None]):
             self.show_step(self.diagnosis.steps[event.option_index])
 
     def show_step(self, step: Step) -> None:
-        mark, style = MARK[step.status]
+        mark, style = MARK.get(step.status, UNKNOWN_MARK)
         text = Text.assemble((f"{step.number}. {printable(step.title)}", "bold"), "  ", (f"{mark} {step.status}", style), "\n\n")
         text.append(printable(step.finding) + "\n")
         serving = self.evidence.serving_end if self.evidence else None

@@ -20,7 +20,8 @@ from gpuscope.core.journal import Journal, session_meta
 from gpuscope.core.model import Device
 from gpuscope.core.printable import printable
 from gpuscope.core.recording import open_recording
-from gpuscope.core.report import build_report, md_block, md_code, md_text
+from gpuscope.core.markdown import md_block, md_code, md_text
+from gpuscope.core.report import build_report
 from gpuscope.core.serving_model import ServingSnapshot, Signals, StageStats
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect, ThreadStack
 
@@ -147,3 +148,21 @@ def test_plain_text_starts_no_construct(text):
     parsed = tokens(md_text(text, line_start=True))
     assert [t.type for t in parsed] == ["paragraph_open", "inline", "text", "paragraph_close"]
     assert "".join(t.content for t in parsed if t.type == "text") == text
+
+
+def test_the_diagnosis_as_text_is_well_formed_markdown_with_the_command_intact():
+    from frames import leaking_evidence
+    from gpuscope.core.diagnosis import diagnose
+
+    diagnosis = diagnose(leaking_evidence())
+    steps = (replace(diagnosis.steps[0], status="not-a-status", finding="# forged\n## heading ```"), *diagnosis.steps[1:])
+    hostile = replace(diagnosis, command=COMMAND, steps=steps,
+                      suspects=(Suspect("grow`er|x", "/srv/b.py", 9, 2**20, 1.0, "memray"),))
+    text = hostile.to_text()
+    parsed = tokens(text)
+    assert [t.tag for t in parsed if t.type == "heading_open"] == ["h1"] + ["h2"] * (len(steps) + 1)
+    spans = [t.content for t in parsed if t.type == "code_inline"]
+    assert printable(COMMAND) in spans and "grow`er|x" in spans
+    assert not any(t.type in ("link_open", "html_inline", "html_block", "fence") for t in parsed)
+    assert "[?]" in text  # a status no gpuscope writes is shown as unknown, not a crash
+    assert not any(unicodedata.category(c) == "Cc" and c != "\n" for c in text)
