@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import signal
 import ssl
 import subprocess
 import sys
@@ -60,29 +61,47 @@ def run_gpuscope(*args: str, env: dict[str, str] | None = None, timeout: float =
     return _measured([sys.executable, "-c", LIMITED, *gpuscope_cmd(), *args], env, timeout)
 
 
-LIMITED = (  # the command, exec'd under the limit: same process, so wait4 measures it
+LIMITED = (  # the command, exec'd under the limit: same process, so its peak RSS is the command's
     "import os, resource, sys\n"
     f"resource.setrlimit(resource.RLIMIT_AS, ({LIMIT_AS}, {LIMIT_AS}))\n"
     "os.execvp(sys.argv[1], sys.argv[1:])\n"
 )
 
+# Linux keeps a process's peak RSS across exec, and a child forked from pytest starts with
+# pytest's pages (hundreds of MB late in a run): so a small launcher forks the measured command
+# (its pages are the launcher's few), waits for it, and writes its peak RSS in kB and its exit
+# status to argv[1].
+LAUNCHER = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "with open(sys.argv[1], 'w') as f:\n"
+    "    f.write('%d %d' % (usage.ru_maxrss, os.waitstatus_to_exitcode(status)))\n"
+)
+
 
 def _measured(cmd: list[str], env: dict[str, str] | None, timeout: float) -> Run:
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r") as peak:
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
-        killer = threading.Timer(timeout, proc.kill)
+        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, peak.name, *cmd], stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        killer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
         killer.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)  # this child's rusage, not every child's
+            proc.wait()
         finally:
             killer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.monotonic() - started
         out.seek(0)
         err.seek(0)
         stdout, stderr = (f.read().decode(errors="replace") for f in (out, err))
-        return Run(proc.returncode, stdout, stderr, wall, usage.ru_maxrss / 1024)
+        said = peak.read().split()
+        if not said:  # killed at the timeout, launcher and all
+            return Run(-signal.SIGKILL, stdout, stderr, wall, float("nan"))
+        return Run(int(said[1]), stdout, stderr, wall, int(said[0]) / 1024)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
