@@ -1,7 +1,9 @@
 """The NVML collector against the fake `pynvml` (real function names and error classes)."""
 
+import importlib.util
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -25,7 +27,7 @@ def test_no_driver_is_one_status_line_and_nvml_is_initialised_once(fake_nvml):
     first, second = nvml.read(), nvml.read()
     assert first.devices == () and "no NVIDIA driver" in first.status
     assert second.status == first.status
-    assert fake_nvml.CALLS.count("nvmlInitWithFlags") == 1
+    assert fake_nvml.CALLS.count(fake_nvml.LOAD) == 1  # a missing driver is not looked for again
 
 
 @pytest.mark.parametrize(
@@ -159,3 +161,46 @@ def test_a_hung_nvml_never_stops_host_frames_or_piles_up_threads(fake_nvml, monk
     finally:
         release.set()
         source.stop()
+
+
+# Other consumers of the real binding: the fake must be the binding, not an imitation of the calls
+# gpuscope happens to make. Each runs as its own command, on the fake, unchanged.
+
+def _consumer(module):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (it is in the test extra)")
+
+
+def _two_gpu_scenario(tmp_path, pid):
+    scenario = tmp_path / "nvml.json"
+    scenario.write_text(json.dumps({"driver": "550.54.15", "devices": [
+        device(uuid="GPU-aaaa", used=None, temp=57, util=88, compute=[{"pid": pid, "used": 3 * GIB}]),
+        device(name="NVIDIA H200 NVL", uuid="GPU-bbbb", util=5),
+    ]}))
+    return scenario
+
+
+def test_nvitop_runs_unchanged_on_the_fake(tmp_path, spawn_python):
+    _consumer("nvitop")
+    child = spawn_python(IDLER)
+    env = fake_nvml_env(_two_gpu_scenario(tmp_path, child.pid))
+    env["COLUMNS"] = "120"
+    out = subprocess.run([sys.executable, "-m", "nvitop", "-1"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "ERROR" not in out.stdout + out.stderr  # nvitop reports a binding it cannot use as ERROR
+    assert "550.54.15" in out.stdout and "3072MiB / 141.0GiB" in out.stdout
+    assert "57C" in out.stdout and "88%" in out.stdout
+    assert any(str(child.pid) in line and "3072MiB" in line for line in out.stdout.splitlines())
+
+
+def test_gpustat_runs_unchanged_on_the_fake(tmp_path, spawn_python):
+    _consumer("gpustat")
+    child = spawn_python(IDLER)
+    env = fake_nvml_env(_two_gpu_scenario(tmp_path, child.pid))
+    out = subprocess.run([sys.executable, "-m", "gpustat", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    gpus = json.loads(out.stdout)["gpus"]
+    assert [(g["index"], g["uuid"], g["name"]) for g in gpus] == [(0, "GPU-aaaa", "NVIDIA H200"), (1, "GPU-bbbb", "NVIDIA H200 NVL")]
+    assert (gpus[0]["memory.used"], gpus[0]["memory.total"], gpus[0]["temperature.gpu"], gpus[0]["utilization.gpu"]) == (3072, 141 * 1024, 57, 88)
+    assert [(p["pid"], p["gpu_memory_usage"]) for p in gpus[0]["processes"]] == [(child.pid, 3072)]
+    assert gpus[1]["processes"] == [] and gpus[1]["memory.used"] == 10 * 1024
