@@ -3,7 +3,11 @@ console shows allocated vs reserved and the gap, the diagnosis tells cache growt
 
 from __future__ import annotations
 
+import os
+import time
+
 from frames import GIB, FakeSource, frame
+from gpuscope.core import probe_client
 from gpuscope.core.diagnosis import diagnose
 from gpuscope.core.journal import Journal
 from gpuscope.core.model import TorchMemory
@@ -13,6 +17,7 @@ from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.detail import ProcessPanel
 from helpers import wait_until
 from test_probe import CUDA_LEAKING, FAKE_CUDA, probed
+from gpuscope.core.probe_client import ProbeWatch
 
 # Only the cache grows: every block is freed (it stays reserved); the process's own memory grows
 # with it, as NVML would see a pool that keeps growing.
@@ -83,3 +88,48 @@ def test_the_allocator_numbers_are_recorded_and_replayed(tmp_path):
     assert history.allocated_bytes == tuple((50 + i) * GIB for i in range(5))
     assert history.reserved_bytes == (58 * GIB,) * 5
     assert rec.frame(4).torch == (TorchMemory(4242, 54 * GIB, 58 * GIB),)
+
+
+# -- finding the probes: every refresh asks, the folders are listed only when they change ----------
+
+
+def counted_listings(monkeypatch):
+    listings = []
+    real = probe_client._list_in
+
+    def counting(folders, *, clean):
+        listings.append(len(folders))
+        return real(folders, clean=clean)
+
+    monkeypatch.setattr(probe_client, "_list_in", counting)
+    monkeypatch.setattr(ProbeWatch, "RACY_S", 0.05)  # the folders' clock ticks here are far finer
+    return listings
+
+
+def test_probes_are_listed_again_only_when_their_folders_change(spawn_python, monkeypatch):
+    listings = counted_listings(monkeypatch)
+    watch = ProbeWatch()
+    first = probed(spawn_python)
+    assert first.pid in [p.pid for p in watch.probes()]
+    time.sleep(0.1)
+    watch.probes()  # a folder modified just before the listing is looked at once more
+    listed = len(listings)
+    for _ in range(20):
+        assert first.pid in [p.pid for p in watch.probes()]
+    assert len(listings) == listed  # nothing changed: no listing
+
+    second = probed(spawn_python)  # its socket appears: the next ask lists again and finds it
+    assert {first.pid, second.pid} <= {p.pid for p in watch.probes()}
+    assert len(listings) > listed
+
+
+def test_the_socket_of_a_killed_process_is_removed_and_it_leaves_the_list(spawn_python, monkeypatch):
+    counted_listings(monkeypatch)
+    watch = ProbeWatch()
+    child = probed(spawn_python)
+    [info] = [p for p in watch.probes() if p.pid == child.pid]
+    child.kill()
+    child.wait(10)
+    assert os.path.exists(info.path)  # SIGKILL: the probe could not remove it
+    assert child.pid not in [p.pid for p in watch.probes()]
+    assert not os.path.exists(info.path)

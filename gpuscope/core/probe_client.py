@@ -273,9 +273,13 @@ def list_probes(*, clean: bool = True) -> list[ProbeInfo]:
     socket and folder to root), so nobody can plant names for other users' processes; a bounded
     number of folders and names is looked at. Sockets of dead processes are removed when `clean`
     (and permitted)."""
+    return _list_in(_probe_folders(), clean=clean)
+
+
+def _list_in(folders: list[tuple[str, int]], *, clean: bool) -> list[ProbeInfo]:
     found: dict[int, ProbeInfo] = {}
     looked = 0
-    for folder, uid in _probe_folders():
+    for folder, uid in folders:
         fd = _open_folder(folder, {uid, 0})
         if fd is None:
             continue
@@ -293,7 +297,9 @@ def list_probes(*, clean: bool = True) -> list[ProbeInfo]:
                     continue
                 if not psutil.pid_exists(pid):
                     if clean:
-                        _remove(fd, name)
+                        # Removed only if nobody listens: a process of another PID namespace
+                        # sharing this folder names its socket after a PID this side may not have.
+                        _check(fd, name, None)
                     continue
                 if owner != 0 and owner not in (_uids(pid) or ()):
                     continue  # not a socket of that process's user
@@ -427,6 +433,55 @@ class ProbeClient:
         return self.request("memray_track", timeout=seconds + 60.0, cancelled=cancelled, **args)
 
 
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+class ProbeWatch:
+    """The probes `list_probes` finds, listed again only when that may have changed.
+
+    A probe makes or removes its socket in one of the probe folders, and a probe folder is made
+    or removed in the folder above it: each listing notes the modification time of both, and the
+    next asks again only when one of them moved, a listed probe's process is gone, or
+    `RELIST_S` passed. Asked every refresh, this is a few stat() calls while nothing changes,
+    instead of listing the temporary folder and every probe folder. Listings clean up: sockets
+    whose process is gone and that nobody listens on are removed."""
+
+    RELIST_S = 30.0
+    RACY_S = 1.0  # a folder modified this recently may change again within its clock tick: look again
+
+    def __init__(self) -> None:
+        self._probes: list[ProbeInfo] | None = None
+        self._stamps: dict[str, tuple[int, int, int] | None] = {}
+        self._listed_at = 0.0
+        self._racy = False
+
+    def _changed(self) -> bool:
+        if self._probes is None or self._racy or time.monotonic() - self._listed_at > self.RELIST_S:
+            return True
+        if any(not psutil.pid_exists(p.pid) for p in self._probes):
+            return True
+        return any(_stamp(path) != stamp for path, stamp in self._stamps.items())
+
+    def probes(self) -> list[ProbeInfo]:
+        if self._changed():
+            folders = _probe_folders()
+            watched = {"/run/user", "/tmp", os.path.normpath(tempfile.gettempdir())}
+            for folder, _ in folders:
+                watched.update((folder, os.path.dirname(folder)))
+            # Noted before listing: a change made while listing shows as a change next time.
+            self._stamps = {path: _stamp(path) for path in sorted(watched)}
+            self._listed_at = time.monotonic()
+            self._probes = _list_in(folders, clean=True)
+            now_ns = time.time_ns()
+            self._racy = any(s is not None and now_ns - s[2] < self.RACY_S * 1e9 for s in self._stamps.values())
+        return self._probes
+
+
 def probe_for(pid: int, *, connect_timeout: float = CONNECT_TIMEOUT_S, timeout: float = REPLY_TIMEOUT_S) -> ProbeClient | None:
     """A connected client for the probe in process `pid`, or None if it has none."""
     path = probe_path(pid)
@@ -440,14 +495,19 @@ def probe_for(pid: int, *, connect_timeout: float = CONNECT_TIMEOUT_S, timeout: 
         raise
 
 
-def torch_memory(pid: int, *, timeout: float = 2.0) -> tuple[DeviceMemory, ...] | None:
+def torch_memory(pid: int, *, timeout: float = 2.0, path: str | None = None) -> tuple[DeviceMemory, ...] | None:
     """What PyTorch's allocator holds per device in process `pid`, through its probe.
 
+    `path`: the probe's socket as `list_probes` found it (checked there), else it is looked up.
     None when the process has no probe or has not initialised CUDA (never an exception): a number
     to show beside NVML's per-process figure (which also counts the CUDA context and memory
     outside PyTorch)."""
+    connect_timeout = min(timeout, CONNECT_TIMEOUT_S)
     try:
-        client = probe_for(pid, connect_timeout=min(timeout, CONNECT_TIMEOUT_S), timeout=timeout)
+        if path is None:
+            client = probe_for(pid, connect_timeout=connect_timeout, timeout=timeout)
+        else:  # still only if process `pid` itself listens there
+            client = ProbeClient(path, pid=pid, connect_timeout=connect_timeout, timeout=timeout)
     except ProbeError:
         return None
     if client is None:
