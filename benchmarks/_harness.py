@@ -147,6 +147,12 @@ class Cleanup:
             raise RuntimeError(f"child did not start (said {line!r})")
         return proc
 
+    def popen(self, args: list[str]) -> subprocess.Popen:
+        """Any other child (killed on close)."""
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.append(proc)
+        return proc
+
     def tmux(self, command: str, name: str = "t") -> Tmux:
         t = Tmux(self.tmpdir, name)
         self.tmuxes.append(t)

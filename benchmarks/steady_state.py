@@ -102,6 +102,8 @@ def find_measured(script_pid: int, tool: str) -> psutil.Process:
                     return p
                 if tool == "gpuscope" and any(Path(a).name == "gpuscope" or a == "gpuscope" for a in cmd[:3]):
                     return p
+                if tool == "nvitop" and any(Path(a).name == "nvitop" or a == "nvitop" for a in cmd[:3]):
+                    return p
         except psutil.NoSuchProcess:
             raise RuntimeError(f"`script` (PID {script_pid}) exited: is util-linux script installed?") from None
         return None
