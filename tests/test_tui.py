@@ -216,5 +216,5 @@ async def test_without_colour_the_chart_lines_differ_by_marker(monkeypatch):
         chart = app.query_one(MemoryChart)
         chart.show(app.frame.chart, force=True)
         await pilot.pause(0.1)
-        text = chart.render().plain
+        text = chart.plain
         assert "•" in text and any("\u2800" < ch <= "\u28ff" for ch in text)  # RSS dots, GPU braille

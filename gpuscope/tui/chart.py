@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 
-from rich.text import Text
+from rich.ansi import AnsiDecoder
 from textual.geometry import Region
+from textual.strip import Strip
 from textual_plotext import PlotextPlot
 
 from gpuscope.core.model import MemorySeries
-from gpuscope.tui.textlines import cells_of, changed_span
+from gpuscope.tui.textlines import Cells, cells_of, changed_span
 
 # Seconds between redraws: often while a process has just been chosen and the operator is
 # looking, then slower (the table's numbers move every tick; the chart is the trend).
@@ -40,8 +41,9 @@ class MemoryChart(PlotextPlot):
         self._drawn_at = 0.0
         self._chosen_at = 0.0
         self._drawn_pid: int | None = None
-        self._text: Text | None = None
-        self._text_key: tuple | None = None  # (size, theme) the cached text was built for
+        self._strips: list[Strip] | None = None
+        self._cells: list[Cells | None] = []
+        self._drawn_for: tuple | None = None  # (size, theme) the lines were drawn for
         self.plt.title("Select a process to chart its memory")
 
     def show(self, series: MemorySeries | None, force: bool = False) -> None:
@@ -58,21 +60,39 @@ class MemoryChart(PlotextPlot):
         self._drawn_pid = pid
         self.replot()
 
-    def _build(self) -> Text:
-        """What PlotextPlot.render() draws, kept so that a redraw can be diffed against it."""
+    def _build(self) -> None:
+        """Draw the figure into lines of cells (what PlotextPlot.render() would draw), kept so
+        that a redraw is diffed against them and the lines are rendered once, not per repaint."""
         width, height = self.size.width, self.size.height
         self.plt.plotsize(width, height)
         self.plt._set_size(width, height)  # see textual-plotext#5: plotsize alone is not enough
         # A theme of the terminal's own colours gets a chart without a painted background (plotext's
         # themes are RGB); the lines keep their ANSI colours.
         self.plt.theme("clear" if self.app.native_ansi_color else self._get_plotext_theme_name(self.app.theme))
-        self._text_key = (self.size, self.app.theme)
-        return Text.from_ansi(self.plt.build())
+        console = self.app.console
+        strips: list[Strip] = []
+        cells: list[Cells | None] = []
+        # Line by line: Text.from_ansi joins the lines into one Text, which would be split again.
+        for line in AnsiDecoder().decode(self.plt.build()):
+            segments = list(line.render(console, end=""))
+            strips.append(Strip(segments, line.cell_len))
+            cells.append(cells_of(segments))
+        self._strips, self._cells = strips, cells
+        self._drawn_for = (self.size, self.app.theme)
 
-    def render(self) -> Text:
-        if self._text is None or self._text_key != (self.size, self.app.theme):
-            self._text = self._build()
-        return self._text
+    @property
+    def plain(self) -> str:
+        """The chart as a reader sees it (for tests)."""
+        return "\n".join("".join(seg.text for seg in strip) for strip in self._strips)
+
+    def render_line(self, y: int) -> Strip:
+        if self._strips is None or self._drawn_for != (self.size, self.app.theme):
+            self._build()
+        width = self.size.width
+        style = self.rich_style
+        if y >= len(self._strips):
+            return Strip.blank(width, style)
+        return self._strips[y].apply_style(style).crop_extend(0, width, style)
 
     def replot(self) -> None:
         plt = self.plt
@@ -114,20 +134,17 @@ class MemoryChart(PlotextPlot):
         plt.xlim(min(-10.0, -max(series.ages)), 0)  # never a zero-width axis
 
     def _repaint_changes(self) -> None:
-        old = self._text
-        if old is None or not self.size.area or self._text_key != (self.size, self.app.theme):
-            self._text = None
+        if self._strips is None or not self.size.area or self._drawn_for != (self.size, self.app.theme):
+            self._strips = None
             self.refresh()
             return
-        new = self._build()
-        self._text = new
-        console = self.app.console
+        old = self._cells
+        self._build()
+        if len(old) != len(self._cells):
+            self.refresh()
+            return
         width = self.size.width
-        old_lines, new_lines = old.split("\n"), new.split("\n")
-        if len(old_lines) != len(new_lines):
-            self.refresh()
-            return
-        for y, (a, b) in enumerate(zip(old_lines, new_lines)):
-            span = changed_span(cells_of(list(a.render(console))), cells_of(list(b.render(console))), width)
+        for y, (a, b) in enumerate(zip(old, self._cells)):
+            span = changed_span(a, b, width)
             if span is not None:
                 self.refresh(Region(span[0], y, span[1] - span[0], 1))
