@@ -1,9 +1,11 @@
 """The console driven with Textual's Pilot over injected frames (no collectors involved)."""
 
+import time
 from dataclasses import replace
 
 from textual.widgets import Input, Static
 
+from gpuscope.core.model import MemorySeries
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.chart import MemoryChart
 from gpuscope.tui.devices import DevicesPanel
@@ -13,6 +15,7 @@ from gpuscope.tui.processes import ProcessTable
 from gpuscope.tui.textlines import TextLines
 
 from frames import FakeSource, frame, no_nvml_frame, rows
+from frames import chart as chart_series
 
 
 def table_pids(app) -> list[int]:
@@ -161,14 +164,49 @@ async def test_ctrl_c_quits_even_from_the_filter_box():
     assert source.stopped and app.return_code == 0
 
 
-async def test_chart_plots_gpu_and_rss_against_seconds_ago():
+async def test_chart_plots_gpu_and_rss_against_the_time_of_day():
     app = GpuScopeApp(FakeSource(frame()))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        chart = app.query_one("#chart")
-        drawn = chart.plt.build()
-        assert "PID 4242: GPU GiB (left), RSS GiB (right)" in drawn and "seconds ago" in drawn
-        assert "GPU" in drawn and "RSS" in drawn
+        chart = app.query_one(MemoryChart)
+        drawn = chart.plain
+        assert "PID 4242: GPU GiB (left), RSS GiB (right) — time of day" in drawn
+        # The x labels are clock times, from the oldest sample (a minute before the frame) on.
+        oldest = app.frame.time - max(app.frame.chart.ages)
+        labels = drawn.splitlines()[-1].split()
+        assert labels[0] == time.strftime("%H:%M:%S", time.localtime(oldest)) and len(labels) == 5
+
+
+def moved_on(series: MemorySeries, seconds: float, grow: float) -> MemorySeries:
+    """The same history `seconds` later, one sample more (each value `grow` bytes up)."""
+    return replace(series, ages=(*(a + seconds for a in series.ages), 0.0),
+                   gpu_bytes=(*series.gpu_bytes, series.gpu_bytes[-1] + grow),
+                   rss_bytes=(*series.rss_bytes, series.rss_bytes[-1] + grow))
+
+
+async def test_the_chart_axes_stand_still_while_the_data_fits():
+    app = GpuScopeApp(FakeSource(frame(chart=None)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        chart = app.query_one(MemoryChart)
+        first = chart_series(n=20)  # 20 s of history: laid out over a minute, room ahead
+        now = app.frame.time
+        chart.show(first, force=True, now=now)
+        before, axes = chart.plain.splitlines(), chart._axes
+        chart.show(moved_on(first, 2.0, 12 << 20), force=True, now=now + 2.0)
+        after = chart.plain.splitlines()
+        assert chart._axes is axes  # still inside the range laid out: not laid out again
+        assert len(before) == len(after)
+        changed = [(y, next(i for i, (a, b) in enumerate(zip(old, new)) if a != b))
+                   for y, (old, new) in enumerate(zip(before, after)) if old != new]
+        # Only where the new point lands (20 s into a minute's axis, past the y labels and the
+        # older points): no label, axis or older point moves.
+        assert changed and all(column >= 25 for _, column in changed), changed
+        assert before[0] == after[0] and before[-2:] == after[-2:]
+
+        # Data past the right edge: the axes are laid out again (a longer span, new labels).
+        chart.show(moved_on(first, 60.0, 1 << 20), force=True, now=now + 60.0)
+        assert chart.plain.splitlines()[-1] != before[-1]
 
 
 async def test_every_action_is_in_the_command_palette():

@@ -435,7 +435,7 @@ class GpuScopeApp(App):
             if first and frame.selected_pid is not None:
                 self._charted_pid = frame.selected_pid
                 table.select_pid(frame.selected_pid)
-            self.query_one(MemoryChart).show(frame.chart)
+            self.query_one(MemoryChart).show(frame.chart, now=frame.time)
             self.query_one(ProcessPanel).show(frame)
 
     def on_serving_ready(self, message: ServingReady) -> None:
