@@ -24,7 +24,6 @@ import psutil
 
 from _harness import LEAKER, ROOT, Cleanup, install_signal_handlers, quote, run_script, wait_for
 from side_by_side import FAKE_NVML, scenario
-from steady_state import find_measured
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
                          "--refresh", str(args.refresh), "--pid", str(leaker.pid)])
         tmux = cleanup.tmux(command, name="rss")
         started = time.perf_counter()
-        proc = find_measured(wait_for(lambda: tmux.pane_pid(), timeout=10, interval=0.05, what="the pane"), "gpuscope")
+        pane = psutil.Process(wait_for(lambda: tmux.pane_pid(), timeout=10, interval=0.05, what="the pane"))
+        # `env` becomes the console (exec): the pane's own process, once its command line says so
+        wait_for(lambda: "gpuscope" in pane.cmdline(), timeout=30, interval=0.05, what="gpuscope to start")
+        proc = pane
         print(f"gpuscope --refresh {args.refresh:g} on the {args.node} node; RSS of the console itself", flush=True)
         first = None
         for minute in marks:
