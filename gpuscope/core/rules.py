@@ -92,13 +92,13 @@ def _block(text: str, indent: int) -> str:
     return "|-\n" + "\n".join(pad + line for line in text.splitlines())
 
 
-def leak_rules(th: LeakThresholds) -> list[str]:
+def leak_rules(th: LeakThresholds, horizons_s: tuple[int, ...] = HORIZONS_S) -> list[str]:
     out: list[str] = []
     dcgm = (f"DCGM_FI_DEV_FB_USED * {MIB}\n  unless on (Hostname)\n"
             "  label_replace(gpuscope_gpu_memory_used_bytes, \"Hostname\", \"$1\", \"node\", \"(.*)\")")
     out.append(f"      - record: {DCGM_RECORD}\n        expr: {_block(dcgm, 10)}\n")
     for src in SOURCES:
-        for h in HORIZONS_S:
+        for h in horizons_s:
             hname = duration(h)
             record = f"gpuscope:{_snake(src.series)}:floor_deriv{hname}"
             out.append(f"      - record: {record}\n        expr: {_q(slope_expr(src.series, h, th.min_floors))}\n")
@@ -107,7 +107,7 @@ def leak_rules(th: LeakThresholds) -> list[str]:
             out.append(
                 f"      - alert: GpuscopeLeak{src.name}\n"
                 f"        expr: {_block(expr, 10)}\n"
-                f"        for: {duration(max(60, h // th.min_floors))}\n"
+                f"        for: {duration(h // th.min_floors)}\n"  # one floor: a ramp seen twice
                 f"        labels:\n          severity: warning\n          horizon: {_q(hname)}\n"
                 f"        annotations:\n"
                 f"          summary: {_q(f'Memory leak: {src.what} grows steadily')}\n"
@@ -165,8 +165,10 @@ def serving_rules(ttft_p95_s: float, e2e_latency_p95_s: float) -> list[str]:
     return out
 
 
-def render_rules(th: LeakThresholds, *, ttft_p95_s: float, e2e_latency_p95_s: float) -> str:
-    """The rule file (Prometheus YAML), from the leak thresholds and the serving objectives."""
+def render_rules(th: LeakThresholds, *, ttft_p95_s: float, e2e_latency_p95_s: float,
+                 horizons_s: tuple[int, ...] = HORIZONS_S) -> str:
+    """The rule file (Prometheus YAML), from the leak thresholds and the serving objectives
+    (`horizons_s`: the leak test's horizons, each a multiple of min_floors seconds)."""
     head = (
         "# Prometheus rules from `gpuscope rules`: gpuscope's leak test over the floor of memory series\n"
         f"# (alert rate {th.fast_rate / 1e6:g} MB/s for {th.fast_duration_s:g} s ... {th.slow_bytes / 1e9:g} GB over "
@@ -176,4 +178,4 @@ def render_rules(th: LeakThresholds, *, ttft_p95_s: float, e2e_latency_p95_s: fl
         "  - name: gpuscope-leak\n    rules:\n"
     )
     serving = "  - name: gpuscope-serving\n    rules:\n"
-    return head + "".join(leak_rules(th)) + serving + "".join(serving_rules(ttft_p95_s, e2e_latency_p95_s))
+    return head + "".join(leak_rules(th, horizons_s)) + serving + "".join(serving_rules(ttft_p95_s, e2e_latency_p95_s))
