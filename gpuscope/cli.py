@@ -226,11 +226,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("file", metavar="FILE", help="the snapshot or journal")
     add_output_arguments(report, metavar="FILE.md", what="the report")
+
+    exporter = sub.add_parser(
+        "exporter",
+        help="Prometheus metrics of this node (per process)",
+        description=(
+            "Serve this node's GPUs and processes as Prometheus metrics: per-process GPU memory, RSS, growth and "
+            "the leak detector's verdict, sampled every --refresh seconds with the [alerts] thresholds. "
+            "Listens on loopback unless told otherwise."
+        ),
+    )
+    exporter.add_argument("--listen", default="127.0.0.1:9835", metavar="ADDR",
+                          help="HOST:PORT to serve /metrics on (default 127.0.0.1:9835; 0.0.0.0:9835 for every interface)")
+    exporter.add_argument("--node-name", metavar="N", help="the node label (default: this host's name)")
+    exporter.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM) ...")
+    exporter.add_argument("--tls-key", metavar="FILE", help="... and this private key (PEM)")
+    exporter.add_argument("--tls-client-ca", metavar="FILE",
+                          help="with --tls-cert: require a client certificate signed by this CA (mutual TLS)")
+
+    rules = sub.add_parser(
+        "rules",
+        help="Prometheus rules carrying the leak test",
+        description=(
+            "Prometheus recording and alerting rules that carry gpuscope's leak test (the floor trend over several "
+            "horizons, from the [alerts] thresholds) over the exporter's series and dcgm-exporter's, and the "
+            "serving classics (P99 jump, TTFT/TPOT SLO burn from [slo]). -o writes only a regular file, and "
+            "replaces one only with --force."
+        ),
+    )
+    add_output_arguments(rules, metavar="FILE", what="the rules")
     return parser
 
 
 # Subcommands with a module in gpuscope/commands/ (its run(args)); the demo and the console are below.
-COMMAND_MODULES = ("ps", "metrics", "stacks", "diagnose", "run", "config", "snapshot", "replay", "report")
+COMMAND_MODULES = ("ps", "metrics", "stacks", "diagnose", "run", "config", "snapshot", "replay", "report", "exporter",
+                   "rules")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
