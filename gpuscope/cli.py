@@ -216,14 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--load", metavar="CMD", help="shell command run once per round; the round ends when it exits")
     check.add_argument("--round-seconds", type=_seconds(1.0), metavar="S",
                        help="without --load: each round lasts S seconds (default 10)")
-    check.add_argument("--settle", type=_seconds(0.1), default=0.5, metavar="S",
-                       help="the quiet seconds at the end of a round whose lowest memory is its floor (default 0.5)")
+    check.add_argument("--settle", type=_seconds(0.1), metavar="S",
+                       help="the quiet seconds at the end of a round whose lowest memory is its floor "
+                            "(default 0.25 after the load command; without --load, the last quarter of the round)")
     check.add_argument("--round-timeout", type=_seconds(1.0), default=900.0, metavar="S",
                        help="fail when a load command runs longer than this (default 900)")
     check.add_argument("--baseline", metavar="F", help="the baseline file of a known-good run (gpuscope.check-baseline/1)")
     check.add_argument("--update-baseline", action="store_true",
                        help="write this run to --baseline F instead of comparing (only if the run is healthy)")
-    check.add_argument("--tolerance", type=float, default=3.0, metavar="PCT",
+    check.add_argument("--tolerance", type=float, metavar="PCT",
                        help="growth per round allowed beyond the baseline's, in %% of the service's memory floor (default 3)")
     check.add_argument("--pid", type=_pid, help="watch this running service instead of starting COMMAND")
     check.add_argument("--metrics-url", action="append", metavar="URL",

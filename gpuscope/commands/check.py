@@ -38,6 +38,8 @@ from gpuscope.core.gate import (
 )
 from gpuscope.core.gate_report import to_json, to_junit, to_markdown, to_text
 from gpuscope.core.gate_run import (
+    DEFAULT_ROUND_S,
+    LOAD_SETTLE_S,
     PROBE_WAIT_S,
     Plan,
     RoundMetrics,
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             service.stop()
         if memory is not None:
             memory.close()
-    return _report(args, outcome, plan, baseline)
+    return _report(args, outcome, baseline)
 
 
 def _plan(args: argparse.Namespace, command: list[str]) -> tuple[Plan, Baseline | None]:
@@ -108,17 +110,23 @@ def _plan(args: argparse.Namespace, command: list[str]) -> tuple[Plan, Baseline 
         )
     if args.warmup_rounds < 0:
         raise UsageError(f"--warmup-rounds must be 0 or more, not {args.warmup_rounds}")
-    if not 0 <= args.tolerance <= 100:
+    if args.tolerance is not None and not 0 <= args.tolerance <= 100:
         raise UsageError(f"--tolerance is a percentage of the service's memory, from 0 to 100, not {args.tolerance:g}")
     if args.load is not None and not args.load.strip():
         raise UsageError("--load needs a command (it runs once per round, through /bin/sh -c)")
     if args.load and args.round_seconds is not None:
         raise UsageError("--round-seconds is for rounds without --load: with --load a round lasts until the load command exits")
-    round_s = args.round_seconds if args.round_seconds is not None else 10.0
-    if not args.load and args.settle >= round_s:
-        raise UsageError(f"--settle ({args.settle:g} s) must be shorter than a round ({round_s:g} s)")
+    round_s = args.round_seconds if args.round_seconds is not None else DEFAULT_ROUND_S
+    settle = args.settle if args.settle is not None else (LOAD_SETTLE_S if args.load else round_s / 4)
+    if not args.load and settle >= round_s:
+        raise UsageError(f"--settle ({settle:g} s) must be shorter than a round ({round_s:g} s)")
     if args.update_baseline and not args.baseline:
         raise UsageError("--update-baseline writes the file given with --baseline F")
+    # The files come at the end of the rounds: a folder that is not there should not cost a whole check.
+    for option, path in (("--junit", args.junit), ("--markdown", args.markdown),
+                         ("--baseline", args.baseline if args.update_baseline else None)):
+        if path and not os.path.isdir(os.path.dirname(path) or "."):
+            raise UsageError(f"{option} {path}: no such folder")
     baseline = None
     if args.baseline and not args.update_baseline:
         try:
@@ -128,9 +136,9 @@ def _plan(args: argparse.Namespace, command: list[str]) -> tuple[Plan, Baseline 
     first = None
     if baseline is not None and args.load:
         reference = baseline.reference
-        first = max(0.0, reference.duration_s - args.settle) if reference is not None and reference.load_exit is not None else None
+        first = max(0.0, reference.duration_s - settle) if reference is not None and reference.load_exit is not None else None
     plan = Plan(
-        rounds=args.rounds, warmup_rounds=args.warmup_rounds, load=args.load, round_s=round_s, settle_s=args.settle,
+        rounds=args.rounds, warmup_rounds=args.warmup_rounds, load=args.load, round_s=round_s, settle_s=settle,
         round_timeout_s=args.round_timeout, memray=not args.no_memray, first_round_s=first,
         thresholds=alert_thresholds(args),
     )
@@ -185,10 +193,11 @@ def _start(args: argparse.Namespace, command: list[str]) -> tuple[StartedService
     return StartedService(proc), redact_command(command)
 
 
-def _report(args: argparse.Namespace, outcome: CheckRun, plan: Plan, baseline: Baseline | None) -> int:
-    verdict = judge(outcome, baseline, args.tolerance, compare=not args.update_baseline)
+def _report(args: argparse.Namespace, outcome: CheckRun, baseline: Baseline | None) -> int:
+    tolerance = DEFAULT_TOLERANCE_PCT if args.tolerance is None else args.tolerance
+    verdict = judge(outcome, baseline, tolerance, compare=not args.update_baseline)
     if args.json:
-        sys.stdout.write(json.dumps(to_json(outcome, verdict, baseline, args.tolerance)) + "\n")
+        sys.stdout.write(json.dumps(to_json(outcome, verdict, baseline, tolerance)) + "\n")
     else:
         sys.stdout.write(to_text(outcome, verdict, baseline))
     sys.stdout.flush()

@@ -13,7 +13,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from gpuscope.core.gate import RESULT_SCHEMA, Baseline, CheckRun, GrownSite, Round, Verdict, label
+from gpuscope.core.gate import RESULT_SCHEMA, Baseline, CheckRun, Round, Verdict, label
 from gpuscope.core.units import format_bytes
 
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

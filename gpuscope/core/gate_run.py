@@ -54,17 +54,19 @@ STOP_TIMEOUT_S = 10.0
 READY_POLL_S = 0.2
 GPU_READ_TIMEOUT_S = 5.0
 PROBE_WAIT_S = 3.0  # for a service just started to show its probe
+DEFAULT_ROUND_S = 10.0  # a round without a load command
+LOAD_SETTLE_S = 0.25  # the quiet part after a load command: all a round's wall time gains from the check
 
 
 @dataclass(frozen=True)
 class Plan:
     """How to drive the rounds."""
 
-    rounds: int = 3
-    warmup_rounds: int = 1
+    rounds: int
+    warmup_rounds: int
     load: str | None = None  # shell command run once per round
-    round_s: float = 10.0  # a round's length without a load command
-    settle_s: float = 0.5
+    round_s: float = DEFAULT_ROUND_S  # a round's length without a load command
+    settle_s: float = LOAD_SETTLE_S
     round_timeout_s: float = 900.0  # a load command running longer fails the check
     interval_s: float = 0.1
     gpu_interval_s: float = 0.5
