@@ -15,21 +15,23 @@ service (memray tracking inside it, gpuscope's sampling beside it) lengthens the
                   one warm-up round and the judged ones); the figure is the sum of the runs'
                   wall times (each timed from its start to its exit);
      check        `gpuscope check --rounds N --load <the same script> --metrics-url ... --json
-                  -- <the service>`; the figure is the sum of the rounds' `duration_s` in the
-                  JSON: each from the start of the load to the end of the quiet `--settle`
-                  seconds after it, with memray tracking in the service (through the probe),
-                  RSS sampled every 0.1 s, /metrics scraped at both ends of every round;
+                  -- <the service>`; the figure is the time from the check's "warm-up round:
+                  running the load command" line to its "round N/N: ..." line on stderr (read
+                  as they come): every round whole, with the quiet part after each load run,
+                  memray tracking in the service (through the probe), RSS sampled every 0.1 s,
+                  /metrics scraped at both ends of every round;
      no-memray    the same with `--no-memray`.
    Overhead = check / plain - 1 for each repeat (plain and check of the same repeat run back to
    back); reported: the median and the range over the repeats. Also reported: the whole
-   command's wall time (service start, readiness, memray's first start, rounds, stop).
-2. The check's own memory: one check of `--long-rounds` rounds (default 12) of a short load (a
+   command's wall time (service start, readiness, memray's first start, rounds, stop), and the
+   CPU of the `gpuscope check` process itself (not its children) per second of a judged round.
+2. The check's own memory: one check of `--long-rounds` rounds (default 30) of a short load (a
    fifth of the requests); the RSS of the `gpuscope check` process is read (psutil) each time it
    reports a round done on stderr. Reported: its RSS after the first and the last round, and the
    growth per round (Theil-Sen slope through all rounds).
 
 Run:  .venv/bin/python benchmarks/check_overhead.py [--json] [--rounds 3] [--requests 60]
-                                                    [--concurrency 6] [--repeats 3] [--long-rounds 12]
+                                                    [--concurrency 6] [--repeats 3] [--long-rounds 30]
 """
 
 from __future__ import annotations
@@ -152,10 +154,14 @@ def check(cleanup: Cleanup, script: str, args: argparse.Namespace, *extra: str, 
     cleanup.procs.append(proc)
     own_rss: list[int] = []
     own_cpu: list[float] = []
+    marks: list[float] = []  # when the first round started, and when each round was reported done
 
     def watch_stderr() -> None:
         for line in proc.stderr:
+            if line.startswith("gpuscope check: warm-up round: running") and not marks:
+                marks.append(time.perf_counter())
             if line.startswith("gpuscope check: round ") and "running" not in line:
+                marks.append(time.perf_counter())
                 try:
                     me = psutil.Process(proc.pid)
                     own_rss.append(me.memory_info().rss)
@@ -175,7 +181,7 @@ def check(cleanup: Cleanup, script: str, args: argparse.Namespace, *extra: str, 
         raise RuntimeError(f"the check of the healthy demo service failed: {result['criteria']}")
     judged = [r["duration_s"] for r in result["rounds"] if r["round"] > 0]
     cpu_per_round = (own_cpu[-1] - own_cpu[0]) / (len(own_cpu) - 1) if len(own_cpu) >= 2 else None
-    return {"rounds_s": sum(r["duration_s"] for r in result["rounds"]), "total_s": total, "own_rss": own_rss,
+    return {"rounds_s": marks[-1] - marks[0], "total_s": total, "own_rss": own_rss,
             "own_cpu_share": cpu_per_round / statistics.mean(judged[1:]) if cpu_per_round is not None else None}
 
 
@@ -189,7 +195,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--long-rounds", type=int, default=12)
+    parser.add_argument("--long-rounds", type=int, default=30)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     install_signal_handlers()

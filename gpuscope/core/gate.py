@@ -169,10 +169,6 @@ class CheckRun:
     def judged(self) -> tuple[Round, ...]:
         return tuple(r for r in self.rounds if not r.warmup and r.completed)
 
-    @property
-    def reference(self) -> Round | None:
-        return next((r for r in self.rounds if r.number == 0 and r.completed), None)
-
     def series(self) -> list[str]:
         names = {name for r in self.rounds for name in r.memory}
         return sorted(names, key=lambda n: _series_order((n, None)))
@@ -413,9 +409,12 @@ def _growth_criterion(series: str, g: Growth, b: Growth | None, tolerance: float
         "reference_floor_bytes": reference,
         "growth_per_request_bytes": _round(g.per_request, 2),
     }
-    against = (f"baseline {_signed(b.per_round)}/round" + (" scaled to this run's requests" if expected and
-               g.requests_per_round and b.requests_per_round and g.requests_per_round != b.requests_per_round else "")
-               if b is not None else "no baseline: compared with no growth")
+    if b is None:
+        against = "no baseline: compared with no growth"
+    elif expected != max(0.0, b.per_round or 0.0):
+        against = f"baseline {_signed(b.per_round)}/round, {_signed(expected)} at this run's requests per round"
+    else:
+        against = f"baseline {_signed(b.per_round)}/round"
     why_allowed = (f"{tolerance_pct:g}% of {_size(reference)}" if allowed == share
                    else f"{NOISE_FACTOR:g} x the rounds' noise of {_size(noise)}")
     per_request = f", {_signed(g.per_request)} per request" if g.per_request is not None else ""
@@ -438,7 +437,7 @@ def _load_criterion(run: CheckRun) -> Criterion:
         return Criterion("load", False, run.stopped or "the load command failed",
                          {"exit_status": next((r.load_exit for r in run.rounds if not r.completed), None)})
     ran = sum(1 for r in run.rounds if r.load_exit == 0)
-    return Criterion("load", True, f"the load command succeeded in all {ran} rounds it ran", {})
+    return Criterion("load", True, f"the load command succeeded in each of the {ran} rounds it ran", {})
 
 
 def _leak_criterion(run: CheckRun) -> Criterion:

@@ -17,8 +17,9 @@ from gpuscope.core.gate import RESULT_SCHEMA, Baseline, CheckRun, Round, Verdict
 from gpuscope.core.units import format_bytes
 
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-SITES_HEADING = "allocated during a round and still held at its end (memray in the service, through gpuscope's probe)"
+SITES_HEADING = "memory allocated during a round and still held at its end; memray inside the service, through gpuscope's probe"
 CHART_SERIES = 4  # charts in the Markdown summary at most (RSS and the first GPUs)
+CHART_MIN_SPAN = 0.1
 
 
 def printable(text: object) -> str:
@@ -29,6 +30,24 @@ def printable(text: object) -> str:
 
 
 def to_json(run: CheckRun, verdict: Verdict, baseline: Baseline | None, tolerance_pct: float) -> dict:
+    """The `gpuscope.check/1` object. Sizes in bytes, times in seconds; null where unknown.
+
+        {"schema": "gpuscope.check/1", "verdict": "pass"|"fail", "command": "... (redacted)",
+         "settings": {"mode": "load"|"time", "rounds", "warmup_rounds", "load", "round_s", "settle_s"},
+         "tolerance_pct": 3.0, "baseline": {"path", "created", "command", "rounds"} | null,
+         "rounds": [{"round": 1..N (0: the reference; below 0: earlier warm-ups), "warmup", "completed",
+                     "duration_s", "load_exit", "memory": {"rss" | "gpu<i>": {"floor", "peak"}},
+                     "requests", "p95_s", "sites": [{"function", "file", "line", "bytes", "count"}] | null,
+                     "note", "growth": {series: floor minus the previous round's},
+                     "growth_per_request": {series: ...}, "failed": why this round failed | null}],
+         "growth": {series: {"per_round_bytes", "noise_bytes", "reference_floor_bytes", "requests_per_round",
+                             "per_request_bytes", "allowance_bytes", "baseline": {...the same} | null}},
+         "criteria": [{"name": "command" | "load" | "<series>-growth" | "leak",
+                       "status": "pass" | "fail" | "skipped", "message", "figures": {...}}],
+         "sites_grown": [{"function", "file", "line", "bytes_per_round", "baseline_bytes_per_round"}],
+         "exit_status": the service's, when it exited | null, "stopped": why the rounds ended early | null,
+         "notes": [...]}
+    """
     rounds = []
     previous: dict[str, int | None] = {}
     for r in run.rounds:
@@ -69,8 +88,8 @@ def to_text(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
     failed = len(verdict.failed)
     judged = [c for c in verdict.criteria if c.passed is not None]
     head = "PASS" if verdict.passed else f"FAIL ({failed} of {len(judged)} criteria failed)"
-    out = [f"gpuscope check: {head}", f"service: {printable(run.command)}", f"rounds: {_rounds_line(run)}"]
-    out.append(f"baseline: {_baseline_line(baseline)}")
+    out = [f"gpuscope check: {head}", f"service: {printable(run.command)}", f"rounds: {printable(_rounds_line(run))}"]
+    out.append(f"baseline: {printable(_baseline_line(baseline))}")
     out.append("")
     out += _table(run, verdict)
     out.append("")
@@ -249,8 +268,12 @@ def _charts(run: CheckRun) -> list[str]:
                   if r.completed and r.number >= 0 and r.floor(series) is not None]
         if len(points) < 2:
             continue
-        out += [f"{label(series)} floor (MiB) by round:", "", "```text",
-                text_chart(points, xlabel="round (0: the reference)"), "```", ""]
+        # A flat service must look flat: the axis spans at least CHART_MIN_SPAN of the floor.
+        low, high = min(p[1] for p in points), max(p[1] for p in points)
+        pad = max(0.0, CHART_MIN_SPAN * high - (high - low)) / 2
+        chart = text_chart(points, xlabel="round (0: the reference)", ylim=(max(0.0, low - pad), high + pad),
+                           xticks=[p[0] for p in points])
+        out += [f"{label(series)} floor (MiB) by round:", "", "```text", chart, "```", ""]
     return out
 
 

@@ -29,6 +29,7 @@ samples go into the leak detector's bounded sketch (gpuscope.core.leak.LeakWatch
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -420,6 +421,32 @@ class RoundMetrics:
 # -- the rounds ----------------------------------------------------------------------------------------
 
 
+class _ExitWatch:
+    """Sleep until a child exits or a timeout passes: a pidfd where the kernel has them (Linux
+    5.3+), else a plain sleep (the exit is then seen at the next sample)."""
+
+    def __init__(self, pid: int) -> None:
+        try:
+            self._fd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._fd = None
+
+    def wait(self, seconds: float) -> None:
+        if self._fd is None:
+            time.sleep(seconds)
+            return
+        try:
+            select.select([self._fd], [], [], seconds)
+        except (OSError, ValueError):
+            time.sleep(seconds)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+
 def drive(
     service: Service,
     plan: Plan,
@@ -522,12 +549,14 @@ def _round(service: Service, plan: Plan, number: int, expected: float | None, me
     tracking = Tracking(memory.pids(), TRACK_SHARE * expected) if plan.memray and expected else None
     load: subprocess.Popen | None = None
     load_exit: int | None = None
+    exited: _ExitWatch | None = None
     cut: str | None = None
     last_update = started
     try:
         if plan.load:
             load = subprocess.Popen(["/bin/sh", "-c", plan.load], stdin=subprocess.DEVNULL, stdout=load_output,
                                     stderr=load_output, start_new_session=True)
+            exited = _ExitWatch(load.pid)
         busy_until = None if plan.load else started + plan.round_s - plan.settle_s
         quiet_until: float | None = None
         while True:
@@ -553,12 +582,18 @@ def _round(service: Service, plan: Plan, number: int, expected: float | None, me
             if judged is not None and now - last_update >= 1.0:
                 judged.update()  # the detector confirms a young leak over successive updates
                 last_update = now
-            time.sleep(max(0.0, min(plan.interval_s, (quiet_until or busy_until or now + plan.interval_s) - now)))
+            pause = max(0.0, min(plan.interval_s, (quiet_until or busy_until or now + plan.interval_s) - now))
+            if exited is not None and quiet_until is None:
+                exited.wait(pause)  # the quiet part starts the moment the load command exits
+            else:
+                time.sleep(pause)
     except BaseException:
         if tracking is not None:
             tracking.cancel()
         raise
     finally:
+        if exited is not None:
+            exited.close()
         if load is not None and load.poll() is None:
             stop_process_group(load, timeout=2.0)
             if load_exit is None:
