@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--metrics-url", action="append", metavar="URL",
                        help="the service's /metrics: requests and P95 latency per round (repeatable)")
     check.add_argument("--ready-url", metavar="URL",
-                       help="wait until this answers before round 1 (default: the first --metrics-url)")
+                       help="wait until this answers before the first round (default: the first --metrics-url)")
     check.add_argument("--ready-timeout", type=_seconds(1.0), default=120.0, metavar="S",
                        help="how long to wait for --ready-url (default 120)")
     check.add_argument("--no-memray", action="store_true",

@@ -78,6 +78,7 @@ def test_demo_without_leak_passes_against_its_own_baseline_three_times_of_three(
         judged = [r for r in result["rounds"] if not r["warmup"]]
         assert len(judged) == 2 and all(r["completed"] and r["requests"] > 0 and r["p95_s"] > 0 for r in judged)
         assert all(r["sites"] is not None for r in judged), judged  # memray ran in every judged round
+        assert not any(s["function"] == "_remember" for r in judged for s in r["sites"])  # the leak is off
 
 
 def test_demo_with_the_leak_fails_and_names_the_leaking_function(demo_baseline, tmp_path):

@@ -91,7 +91,7 @@ def to_text(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
     out = [f"gpuscope check: {head}", f"service: {printable(run.command)}", f"rounds: {printable(_rounds_line(run))}"]
     out.append(f"baseline: {printable(_baseline_line(baseline))}")
     out.append("")
-    out += _table(run, verdict)
+    out += _table(run, verdict) if run.rounds else ["no round ran"]
     out.append("")
     width = max(len(c.name) for c in verdict.criteria)
     for c in verdict.criteria:
@@ -238,7 +238,7 @@ def to_markdown(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> s
         result = {"pass": "pass", "fail": "**FAIL**", "skipped": "skipped"}[c.status]
         out.append(f"| {c.name} | {result} | {_md(c.message)} |")
     out += [""]
-    rows = _rows(run, verdict)
+    rows = _rows(run, verdict) if run.rounds else [["no round ran"]]
     for i, row in enumerate(rows):
         out.append("| " + " | ".join(_md(cell) for cell in row) + " |")
         if i == 0:

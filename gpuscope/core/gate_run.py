@@ -44,6 +44,7 @@ from gpuscope.core.exposition import Endpoint, ScrapeError, fetch
 from gpuscope.core.gate import SITES_PER_ROUND, CheckRun, Memory, Round, Site
 from gpuscope.core.leak import LeakThresholds, LeakWatch
 from gpuscope.core.poller import Poller, Reading
+from gpuscope.core.redact import redact_command
 from gpuscope.core.serving_model import SourceError
 
 TREE_REFRESH_S = 1.0
@@ -80,7 +81,9 @@ class Plan:
         return "load" if self.load else "time"
 
     def settings(self) -> dict:
-        return {"mode": self.mode, "rounds": self.rounds, "warmup_rounds": self.warmup_rounds, "load": self.load,
+        """What is reported and kept in a baseline (the load command redacted: it may carry a token)."""
+        return {"mode": self.mode, "rounds": self.rounds, "warmup_rounds": self.warmup_rounds,
+                "load": redact_command(self.load) if self.load else None,
                 "round_s": None if self.load else self.round_s, "settle_s": self.settle_s}
 
 
@@ -362,7 +365,9 @@ class Tracking:
         if late and not answered:
             return None, "allocation tracking ran past the round's end (the round was shorter than the one before)"
         if not answered:
-            return None, f"memray: {problems[0]}" if problems else "no process of the service has gpuscope's probe"
+            return None, (f"memray: {problems[0]}" if problems else
+                          "no process of the service has gpuscope's probe (for a running one: "
+                          "gpuscope run --inject --memray --pid PID)")
         sites = tuple(sorted(merged.values(), key=lambda s: -s.bytes)[:SITES_PER_ROUND])
         return sites, None
 

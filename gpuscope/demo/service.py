@@ -6,6 +6,7 @@ A real HTTP server whose `/query` runs retriever -> reranker -> llm, each doing 
 with realistic timings, and exposes Prometheus metrics on `/metrics`. The bug to find: the
 retriever caches every query's candidate block in an unbounded dict, and queries are unique, so
 the process's memory (and, with --cuda, its GPU memory) grows for as long as it serves.
+With --no-leak the cache is never filled: the same service, healthy.
 
 It starts gpuscope's probe (`gpuscope.probe`) at start-up, as a service that opts in would, so the
 console can ask it for allocation sites without injecting anything (`--no-probe` leaves it out).
