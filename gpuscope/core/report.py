@@ -153,15 +153,20 @@ def _chart_section(recording: Recording, pid: int, end: float) -> list[str]:
     return out
 
 
-def text_chart(points: list[tuple[float, float]]) -> str:
-    """(seconds before the end, value) points as a plotext chart without colour."""
+def text_chart(points: list[tuple[float, float]], xlabel: str = "seconds before the end of the recording", *,
+               ylim: tuple[float, float] | None = None, xticks: list[float] | None = None) -> str:
+    """(x, value) points as a plotext chart without colour; x is seconds before the end by default."""
     import plotext as plt
 
     plt.clear_figure()
     plt.plotsize(CHART_WIDTH, CHART_HEIGHT)
     plt.theme("clear")
     plt.plot([p[0] for p in points], [p[1] for p in points], marker="braille")
-    plt.xlabel("seconds before the end of the recording")
+    if ylim is not None:
+        plt.ylim(*ylim)
+    if xticks is not None:
+        plt.xticks(xticks)
+    plt.xlabel(xlabel)
     text = _ANSI.sub("", plt.build())
     plt.clear_figure()
     return "\n".join(line.rstrip() for line in text.splitlines())
