@@ -235,7 +235,7 @@ def test_a_bad_baseline_is_one_line_and_nothing_starts(tmp_path, content, expect
         (["--tolerance", "150", "--", PY], "--tolerance is a percentage"),
         (["--rounds", "2"], "give the service to run after '--'"),
         (["--", "/no/such/program"], "no such program: /no/such/program"),
-        (["--junit", "/no/such/folder/check.xml", "--", PY], "--junit /no/such/folder/check.xml: no such folder"),
+        (["--junit", "/no/such/folder/check.xml", "--", PY], "/no/such/folder/check.xml: no such folder"),
     ],
 )
 def test_bad_options_are_one_line(args, expected):

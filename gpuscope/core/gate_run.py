@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 import psutil
 
 from gpuscope.core import allocations, probe_client, pyspy
-from gpuscope.core.exposition import Endpoint, ScrapeError, fetch
+from gpuscope.core import fetch
+from gpuscope.core.exposition import Endpoint
 from gpuscope.core.gate import SITES_PER_ROUND, CheckRun, Memory, Round, Site
 from gpuscope.core.leak import LeakThresholds, LeakWatch
 from gpuscope.core.poller import Poller, Reading
@@ -184,9 +185,13 @@ def wait_ready(service: Service, url: str, timeout: float) -> str | None:
         if service.exited():
             return f"the service {service.describe_exit()} before it was ready"
         try:
-            fetch(endpoint, timeout=min(2.0, max(0.1, deadline - time.monotonic())), max_bytes=1 << 20)
-            return None
-        except ScrapeError as exc:
+            answer = fetch.get(endpoint.url, where=endpoint.display,
+                               headers={"Authorization": endpoint.authorization} if endpoint.authorization else None,
+                               timeout=min(2.0, max(0.1, deadline - time.monotonic())), max_bytes=1 << 20)
+            if answer.ok:
+                return None
+            last = f"{endpoint.display} answered HTTP {answer.status} {answer.reason}".rstrip()
+        except fetch.FetchError as exc:
             last = str(exc)
         if time.monotonic() >= deadline:
             return f"the service was not ready within {timeout:g} s ({last})"
