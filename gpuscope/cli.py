@@ -226,11 +226,86 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("file", metavar="FILE", help="the snapshot or journal")
     add_output_arguments(report, metavar="FILE.md", what="the report")
+
+    exporter = sub.add_parser(
+        "exporter",
+        help="Prometheus metrics of this node (per process)",
+        description=(
+            "Serve this node's GPUs and processes as Prometheus metrics: per-process GPU memory, RSS, growth and "
+            "the leak detector's verdict, sampled every --refresh seconds with the [alerts] thresholds. "
+            "Listens on loopback unless told otherwise."
+        ),
+    )
+    exporter.add_argument("--listen", default="127.0.0.1:9835", metavar="ADDR",
+                          help="HOST:PORT to serve /metrics on (default 127.0.0.1:9835; 0.0.0.0:9835 for every interface)")
+    exporter.add_argument("--node-name", metavar="N", help="the node label (default: this host's name)")
+    exporter.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM) ...")
+    exporter.add_argument("--tls-key", metavar="FILE", help="... and this private key (PEM)")
+    exporter.add_argument("--tls-client-ca", metavar="FILE",
+                          help="with --tls-cert: require a client certificate signed by this CA (mutual TLS)")
+
+    rules = sub.add_parser(
+        "rules",
+        help="Prometheus rules carrying the leak test",
+        description=(
+            "Prometheus recording and alerting rules that carry gpuscope's leak test (the floor trend over several "
+            "horizons, from the [alerts] thresholds) over the exporter's series and dcgm-exporter's, and the "
+            "serving classics (P99 jump, TTFT/TPOT SLO burn from [slo]). -o writes only a regular file, and "
+            "replaces one only with --force."
+        ),
+    )
+    add_output_arguments(rules, metavar="FILE", what="the rules")
+
+    check = sub.add_parser(
+        "check",
+        help="CI memory gate: run a service through rounds of load, fail when its memory grows",
+        description=(
+            "Start COMMAND (the service) under gpuscope's probe, drive it through rounds and fail (exit 1) when its "
+            "memory floor grows per round more than a known-good run's (--baseline F) beyond --tolerance PCT of its "
+            "memory, when the leak detector finds a leak outright, or when the service or the load command fails. "
+            "A round is one run of --load CMD (it ends when CMD exits), or --round-seconds S of the service's own "
+            "work without --load. A round's floor is its lowest memory (RSS of the service's process tree, GPU "
+            "memory per device) in the quiet --settle seconds at its end (after the load command has exited); "
+            "--warmup-rounds rounds come first and are not judged. Exit 0 pass, 1 fail, 2 bad input."
+        ),
+    )
+    check.add_argument("--rounds", type=_count(1000), default=3, metavar="N", help="rounds to judge (default 3)")
+    check.add_argument("--warmup-rounds", type=int, default=1, metavar="N",
+                       help="rounds before those, not judged (default 1; 0: the idle service is the reference)")
+    check.add_argument("--load", metavar="CMD", help="shell command run once per round; the round ends when it exits")
+    check.add_argument("--round-seconds", type=_seconds(1.0, DAY_S), metavar="S",
+                       help="without --load: each round lasts S seconds (default 10)")
+    check.add_argument("--settle", type=_seconds(0.1, 3600.0), metavar="S",
+                       help="the quiet seconds at the end of a round whose lowest memory is its floor "
+                            "(default 0.25 after the load command; without --load, the last quarter of the round)")
+    check.add_argument("--round-timeout", type=_seconds(1.0, DAY_S), default=900.0, metavar="S",
+                       help="fail when a load command runs longer than this (default 900)")
+    check.add_argument("--baseline", metavar="F", help="the baseline file of a known-good run (gpuscope.check-baseline/1)")
+    check.add_argument("--update-baseline", action="store_true",
+                       help="write this run to --baseline F instead of comparing (only if the run is healthy)")
+    check.add_argument("--tolerance", type=float, metavar="PCT",
+                       help="growth per round allowed beyond the baseline's, in %% of the service's memory floor (default 3)")
+    check.add_argument("--pid", type=_pid, help="watch this running service instead of starting COMMAND")
+    check.add_argument("--metrics-url", action="append", metavar="URL",
+                       help="the service's /metrics: requests and P95 latency per round (repeatable)")
+    check.add_argument("--ready-url", metavar="URL",
+                       help="wait until this answers before the first round (default: the first --metrics-url)")
+    check.add_argument("--ready-timeout", type=_seconds(1.0, DAY_S), default=120.0, metavar="S",
+                       help="how long to wait for --ready-url (default 120)")
+    check.add_argument("--no-memray", action="store_true",
+                       help="do not track allocation sites with memray inside the service")
+    check.add_argument("--json", action="store_true", help="the gpuscope.check/1 JSON object on stdout")
+    check.add_argument("--junit", metavar="F", help="also write JUnit XML to F (a test case per round and criterion)")
+    check.add_argument("--markdown", metavar="F", help="also write a Markdown summary to F (for a CI job summary)")
+    check.add_argument("--force", action="store_true",
+                       help="replace an existing --junit or --markdown file (--update-baseline always replaces the baseline)")
+    check.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the service and its arguments")
     return parser
 
 
 # Subcommands with a module in gpuscope/commands/ (its run(args)); the demo and the console are below.
-COMMAND_MODULES = ("ps", "metrics", "stacks", "diagnose", "run", "config", "snapshot", "replay", "report")
+COMMAND_MODULES = ("ps", "metrics", "stacks", "diagnose", "run", "config", "snapshot", "replay", "report", "exporter",
+                   "rules", "check")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

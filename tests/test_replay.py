@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from frames import T0
+from frames import T0, frame
+from gpuscope.core.model import ProcessRow
 from gpuscope.core.diagnosis import diagnose
 from gpuscope.core.journal import Journal, session_meta
 from gpuscope.core.recording import open_recording
@@ -226,3 +227,17 @@ async def test_an_export_that_fails_says_why(tmp_path, monkeypatch):
             assert time.monotonic() < deadline, said
             await pilot.pause(0.1)
     assert any("export failed: the session's journal is already closed" in m for m in said)
+
+
+def test_the_report_lists_its_subject_among_the_processes_however_small(tmp_path):
+    small = ProcessRow(31337, "svc", None, None, 1 * MIB, 1.0, "python tiny_leaker.py", "python", True, None, 0.0)
+    big = tuple(ProcessRow(20000 + i, "other", None, None, (2 + i) * 2**30, 1.0, f"python big{i}.py", "python", True, None, 0.0)
+                for i in range(12))
+    path = tmp_path / "small.gpuscope"
+    j = Journal(path, meta=session_meta("journal", pid=31337))
+    for i in range(5):
+        j.frame(frame(time=T0 + i, processes=(*big, replace(small, rss_bytes=MIB * (1 + i))), focus=None, chart=None,
+                      selected_pid=None))
+    j.close()
+    table = build_report(open_recording(path)).split("## Processes at the end")[1]
+    assert "| 31337 |" in table and table.count("`python big") == 10  # the ten largest, and the subject

@@ -9,6 +9,7 @@ never lost to a name that cannot be written.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import BinaryIO
@@ -43,6 +44,8 @@ def check_output(output: str | None, force: bool) -> None:
         check_target(output, replace=force)
     except RefusedPath as exc:
         raise UsageError(refusal(exc)) from None
+    if not os.path.isdir(os.path.dirname(output) or "."):
+        raise UsageError(f"{output}: no such folder")
 
 
 def refusal(exc: RefusedPath) -> str:

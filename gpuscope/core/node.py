@@ -99,6 +99,7 @@ class NodeSource:
         clock: Callable[[], float] = time.time,
         read_timeout: float | None = None,
         thresholds: LeakThresholds = LeakThresholds(),
+        watch: LeakWatch | None = None,
     ) -> None:
         self.interval = interval
         self._nvml = nvml or NvmlCollector()
@@ -115,7 +116,9 @@ class NodeSource:
         self._host_error: str | None = None
         self._last: HostSnapshot | None = None
         self._emit_lock = threading.Lock()
-        self._watch = LeakWatch(thresholds=thresholds)  # fed and updated on the host poller's thread only
+        # Fed and updated on the host poller's thread only (a caller that passes its own reads it
+        # from on_frame, on that thread).
+        self._watch = watch if watch is not None else LeakWatch(thresholds=thresholds)
         self._alerts: tuple[Alert, ...] = ()
         self._hostname = socket.gethostname()
         self._container = in_container()
@@ -154,6 +157,11 @@ class NodeSource:
         if pid is not None:
             self._selected = pid
         self._pollers[1].request()
+
+    @property
+    def last_host(self) -> HostSnapshot | None:
+        """The host read behind the latest frame (its processes carry their start times)."""
+        return self._last
 
     # -- one synchronous sample, for the headless commands ---------------------------------------
 

@@ -31,6 +31,7 @@ TOP_PROCESSES = 10
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STATUS_WORD = {"ok": "✔ ok", "warn": "▲ warn", "alert": "✖ ALERT", "skipped": "– skipped"}
 
+
 def subject_pid(recording: Recording, frame: Frame) -> int | None:
     """Whom the session was about: the recorded diagnosis's, the alert's, the attached, the fastest grower."""
     diagnoses = recording.events_of("diagnosis")
@@ -92,7 +93,7 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
         out += _chart_section(recording, pid, end)
         out += _suspects(recording, d, pid)
     out += _devices(recording, last)
-    out += _processes(last)
+    out += _processes(last, pid)
     out += _service(recording)
     return "\n".join(out).rstrip() + "\n"
 
@@ -152,15 +153,20 @@ def _chart_section(recording: Recording, pid: int, end: float) -> list[str]:
     return out
 
 
-def text_chart(points: list[tuple[float, float]]) -> str:
-    """(seconds before the end, value) points as a plotext chart without colour."""
+def text_chart(points: list[tuple[float, float]], xlabel: str = "seconds before the end of the recording", *,
+               ylim: tuple[float, float] | None = None, xticks: list[float] | None = None) -> str:
+    """(x, value) points as a plotext chart without colour; x is seconds before the end by default."""
     import plotext as plt
 
     plt.clear_figure()
     plt.plotsize(CHART_WIDTH, CHART_HEIGHT)
     plt.theme("clear")
     plt.plot([p[0] for p in points], [p[1] for p in points], marker="braille")
-    plt.xlabel("seconds before the end of the recording")
+    if ylim is not None:
+        plt.ylim(*ylim)
+    if xticks is not None:
+        plt.xticks(xticks)
+    plt.xlabel(xlabel)
     text = _ANSI.sub("", plt.build())
     plt.clear_figure()
     return "\n".join(line.rstrip() for line in text.splitlines())
@@ -204,9 +210,11 @@ def _devices(recording: Recording, last: Frame) -> list[str]:
     return out + [""]
 
 
-def _processes(last: Frame) -> list[str]:
-    rows = sorted(last.processes, key=lambda r: -((r.gpu_memory_bytes or 0) + (r.rss_bytes or 0)))[:TOP_PROCESSES]
-    out = ["## Processes at the end (largest first)", "",
+def _processes(last: Frame, subject: int | None) -> list[str]:
+    """The largest processes at the end, and the report's subject wherever it ranks."""
+    ranked = sorted(last.processes, key=lambda r: -((r.gpu_memory_bytes or 0) + (r.rss_bytes or 0)))
+    rows = ranked[:TOP_PROCESSES] + [r for r in ranked[TOP_PROCESSES:] if r.pid == subject]
+    out = ["## Processes at the end (largest first, and the process this report is about)", "",
            "| PID | user | GPU | GPU memory | RSS | growth MB/s | command |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         gpu = "-" if r.gpu is None else str(r.gpu)

@@ -1,11 +1,12 @@
 """A small RAG service that leaks: the patient `gpuscope demo` attaches the console to.
 
-    python -m gpuscope.demo.service --port 0 [--host 127.0.0.1] [--leak-kb N] [--cuda]
+    python -m gpuscope.demo.service --port 0 [--host 127.0.0.1] [--leak-kb N] [--cuda] [--no-leak]
 
 A real HTTP server whose `/query` runs retriever -> reranker -> llm, each doing real CPU work
 with realistic timings, and exposes Prometheus metrics on `/metrics`. The bug to find: the
 retriever caches every query's candidate block in an unbounded dict, and queries are unique, so
 the process's memory (and, with --cuda, its GPU memory) grows for as long as it serves.
+With --no-leak the cache is never filled: the same service, healthy.
 
 It starts gpuscope's probe (`gpuscope.probe`) at start-up, as a service that opts in would, so the
 console can ask it for allocation sites without injecting anything (`--no-probe` leaves it out).
@@ -465,6 +466,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cuda", action="store_true", help="also keep a CUDA tensor per query (needs torch + CUDA)")
     p.add_argument("--cuda-leak-kb", type=int, default=DEFAULT_CUDA_LEAK_KB, help="GPU memory kept per query (KiB)")
     p.add_argument("--no-probe", action="store_true", help="do not start gpuscope's probe (the service opts in by default)")
+    p.add_argument("--no-leak", action="store_true", help="serve without the leak (the retriever caches nothing): a healthy service")
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535:
         p.error(f"--port must be 0-65535, not {args.port}")
@@ -484,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo service: CUDA unavailable ({why}); leaking host memory only", file=sys.stderr, flush=True)
 
     service = RagService(leak_kb=args.leak_kb, cuda_leak_kb=args.cuda_leak_kb, torch_mod=torch_mod)
+    service.retriever.leak_enabled = not args.no_leak
     try:
         server = make_server(service, args.host, args.port)
     except OSError as exc:

@@ -12,11 +12,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from functools import partial
+from functools import partial, wraps
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.color import Color
 from textual.containers import Horizontal
 from textual.filter import Monochrome, NoColor
@@ -61,6 +62,22 @@ def textual_theme(spec: ThemeSpec) -> Theme:
 def rich_colour(value: str) -> str:
     """A theme colour (#RRGGBB or ansi_*) as a Rich colour name."""
     return Color.parse(value).rich_color.name
+
+
+def _unless_closed(handler):
+    """A message posted (by a source's thread, or the table) just as the console closes finds its
+    widgets gone: it is dropped instead of ending the console with an error."""
+
+    @wraps(handler)
+    def guarded(self, message):
+        try:
+            return handler(self, message)
+        except NoMatches:
+            if self.is_running:  # not shutting down: a widget is missing for real
+                raise
+            return None
+
+    return guarded
 
 
 class GpuScopeApp(App):
@@ -421,6 +438,7 @@ class GpuScopeApp(App):
 
     # -- rendering ---------------------------------------------------------------------------------
 
+    @_unless_closed
     def on_frame_ready(self, message: FrameReady) -> None:
         frame = message.frame
         first = self.frame is None
@@ -438,6 +456,7 @@ class GpuScopeApp(App):
             self.query_one(MemoryChart).show(frame.chart, now=frame.time)
             self.query_one(ProcessPanel).show(frame)
 
+    @_unless_closed
     def on_serving_ready(self, message: ServingReady) -> None:
         self.serving_snapshot = message.snapshot
         self.query_one(ServicePanel).show(message.snapshot)
@@ -461,11 +480,9 @@ class GpuScopeApp(App):
 
     # -- input -------------------------------------------------------------------------------------
 
+    @_unless_closed
     def on_process_table_highlighted(self, event: ProcessTable.Highlighted) -> None:
-        tables = self.query(ProcessTable)
-        if not tables:
-            return  # posted just before the console closed: the table is gone
-        current = tables.first().selected_row
+        current = self.query_one(ProcessTable).selected_row
         if current is None or current.key != event.row.key:
             return  # stale: the cursor has moved on since this was posted
         if current.pid != self._charted_pid:

@@ -1,0 +1,221 @@
+"""`gpuscope check [--rounds N] [--baseline F] [--tolerance PCT] [--junit F] [--json] -- COMMAND...`:
+the CI memory gate.
+
+Starts COMMAND (the service) under gpuscope's probe, as `gpuscope run` would, in a session of its
+own; or, with `--pid P`, watches a service that already runs. Drives the rounds
+(gpuscope.core.gate_run), stops the service it started (SIGTERM to its process group, SIGKILL
+after 10 s), judges the rounds against the baseline (gpuscope.core.gate) and reports
+(gpuscope.core.gate_report). COMMAND's and the load command's output goes to stderr, so that
+stdout holds only the summary (or the JSON).
+
+Exit status: 0 the gate passes (or the baseline was written), 1 it fails (or the check could not
+run the service), 2 bad input (options, a missing or damaged baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from gpuscope import __version__
+from gpuscope.cli import alert_thresholds, settings
+from gpuscope.commands.output import check_output, deliver
+from gpuscope.commands.run import launch_env
+from gpuscope.core.gate import (
+    DEFAULT_TOLERANCE_PCT,
+    Baseline,
+    BaselineError,
+    CheckRun,
+    baseline_json,
+    judge,
+    load_baseline,
+)
+from gpuscope.core.gate_report import to_json, to_junit, to_markdown, to_text
+from gpuscope.core.gate_run import (
+    DEFAULT_ROUND_S,
+    LOAD_SETTLE_S,
+    PROBE_WAIT_S,
+    Plan,
+    RoundMetrics,
+    RunningService,
+    StartedService,
+    TreeMemory,
+    drive,
+    wait_ready,
+)
+from gpuscope.core.redact import redact_command
+from gpuscope.errors import Failure, UsageError
+
+
+class _Signalled(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.program or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    plan, baseline = _plan(args, command)
+    metrics = _metrics(args)
+    ready_url = args.ready_url or (args.metrics_url[0] if args.metrics_url else None)
+    if ready_url:
+        _check_url(ready_url, "--ready-url")
+    from gpuscope.core.nvml import NvmlCollector  # noqa: PLC0415 - imported once the options are good
+
+    def progress(line: str) -> None:
+        print(f"gpuscope check: {line}", file=sys.stderr, flush=True)
+
+    previous = {s: signal.signal(s, _raise_signalled) for s in (signal.SIGTERM, signal.SIGHUP)}
+    service: StartedService | RunningService | None = None
+    memory: TreeMemory | None = None
+    try:
+        service, shown = _start(args, command)
+        memory = TreeMemory(service.pid, NvmlCollector(), plan.gpu_interval_s)
+        problem = wait_ready(service, ready_url, args.ready_timeout) if ready_url else None
+        if problem:
+            progress(problem)
+            outcome = CheckRun(shown, plan.settings(), (), exit_status=service.shell_status(), stopped=problem,
+                               stopped_by="service")
+        else:
+            outcome = drive(service, plan, command=shown, memory=memory, metrics=metrics, progress=progress,
+                            probe_wait_s=PROBE_WAIT_S if isinstance(service, StartedService) else 0.0)
+    except _Signalled as sig:
+        print(f"gpuscope check: stopped by {sig}", file=sys.stderr)
+        return 128 + sig.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if isinstance(service, StartedService):
+            service.stop()
+        if memory is not None:
+            memory.close()
+    return _report(args, outcome, baseline)
+
+
+def _plan(args: argparse.Namespace, command: list[str]) -> tuple[Plan, Baseline | None]:
+    """Every option checked before anything starts; the baseline read (one line when it is bad)."""
+    if args.pid is not None and command:
+        raise UsageError("give either --pid P (a service that runs already) or a COMMAND to start, not both")
+    if args.pid is None and not command:
+        raise UsageError(
+            "give the service to run after '--', e.g. gpuscope check --load 'python load.py' -- python serve.py"
+        )
+    if args.warmup_rounds < 0:
+        raise UsageError(f"--warmup-rounds must be 0 or more, not {args.warmup_rounds}")
+    if args.tolerance is not None and not 0 <= args.tolerance <= 100:
+        raise UsageError(f"--tolerance is a percentage of the service's memory, from 0 to 100, not {args.tolerance:g}")
+    if args.load is not None and not args.load.strip():
+        raise UsageError("--load needs a command (it runs once per round, through /bin/sh -c)")
+    if args.load and args.round_seconds is not None:
+        raise UsageError("--round-seconds is for rounds without --load: with --load a round lasts until the load command exits")
+    round_s = args.round_seconds if args.round_seconds is not None else DEFAULT_ROUND_S
+    settle = args.settle if args.settle is not None else (LOAD_SETTLE_S if args.load else round_s / 4)
+    if not args.load and settle >= round_s:
+        raise UsageError(f"--settle ({settle:g} s) must be shorter than a round ({round_s:g} s)")
+    if args.update_baseline and not args.baseline:
+        raise UsageError("--update-baseline writes the file given with --baseline F")
+    # The files come at the end of the rounds: a folder that is not there should not cost a whole check.
+    for path, force in ((args.junit, args.force), (args.markdown, args.force),
+                        (args.baseline if args.update_baseline else None, True)):
+        if path:
+            check_output(path, force)
+    baseline = None
+    if args.baseline and not args.update_baseline:
+        try:
+            baseline = load_baseline(args.baseline)
+        except BaselineError as exc:
+            raise UsageError(str(exc)) from None
+    first = None
+    if baseline is not None and args.load:
+        reference = baseline.reference
+        first = max(0.0, reference.duration_s - settle) if reference is not None and reference.load_exit is not None else None
+    plan = Plan(
+        rounds=args.rounds, warmup_rounds=args.warmup_rounds, load=args.load, round_s=round_s, settle_s=settle,
+        round_timeout_s=args.round_timeout, memray=not args.no_memray, first_round_s=first,
+        thresholds=alert_thresholds(args),
+    )
+    return plan, baseline
+
+
+def _metrics(args: argparse.Namespace) -> RoundMetrics | None:
+    if not args.metrics_url:
+        return None
+    from gpuscope.core.serving import make_collector  # noqa: PLC0415
+
+    config, _ = settings(args)
+    try:
+        return RoundMetrics(lambda window: make_collector(window_s=window, metrics_urls=args.metrics_url, config=config))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _check_url(url: str, option: str) -> None:
+    from gpuscope.core.exposition import Endpoint  # noqa: PLC0415
+
+    try:
+        Endpoint.parse(url)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+
+
+def _start(args: argparse.Namespace, command: list[str]) -> tuple[StartedService | RunningService, str]:
+    if args.pid is not None:
+        from gpuscope.cli import attach_check  # noqa: PLC0415
+
+        attach_check(args.pid)
+        service = RunningService(args.pid)
+        try:
+            import psutil  # noqa: PLC0415
+
+            shown = redact_command(psutil.Process(args.pid).cmdline()) or f"PID {args.pid}"
+        except Exception:
+            shown = f"PID {args.pid}"
+        return service, f"{shown} (PID {args.pid})"
+    env = launch_env(os.environ)
+    program = shutil.which(command[0], path=env.get("PATH")) if os.sep not in command[0] else command[0]
+    if program is None or not os.path.exists(program):
+        raise UsageError(f"no such program: {command[0]}")
+    try:
+        proc = subprocess.Popen(
+            [program, *command[1:]], env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+            start_new_session=True,  # its own process group: stopped whole, and away from the terminal's Ctrl-C
+        )
+    except OSError as exc:
+        raise Failure(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+    return StartedService(proc), redact_command(command)
+
+
+def _report(args: argparse.Namespace, outcome: CheckRun, baseline: Baseline | None) -> int:
+    tolerance = DEFAULT_TOLERANCE_PCT if args.tolerance is None else args.tolerance
+    verdict = judge(outcome, baseline, tolerance, compare=not args.update_baseline)
+    if args.json:
+        sys.stdout.write(json.dumps(to_json(outcome, verdict, baseline, tolerance)) + "\n")
+    else:
+        sys.stdout.write(to_text(outcome, verdict, baseline))
+    sys.stdout.flush()
+    if args.junit:
+        deliver(to_junit(outcome, verdict, baseline), args.junit, args.force)
+    if args.markdown:
+        deliver(to_markdown(outcome, verdict, baseline), args.markdown, args.force)
+    if args.update_baseline:
+        if not verdict.passed:
+            print(f"gpuscope check: baseline {args.baseline} not written: this run is not a known-good one "
+                  f"({verdict.failed[0].message})", file=sys.stderr)
+            return 1
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        deliver(json.dumps(baseline_json(outcome, version=__version__, created=created), indent=1) + "\n", args.baseline,
+                force=True)
+        return 0
+    return 0 if verdict.passed else 1
+
+
+def _raise_signalled(signum: int, frame: object) -> None:
+    raise _Signalled(signum)

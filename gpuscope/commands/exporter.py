@@ -1,0 +1,89 @@
+"""`gpuscope exporter [--listen ADDR] [--node-name N]`: this node's processes as Prometheus metrics.
+
+Headless: neither the console nor torch is imported. The node is sampled every --refresh seconds
+(console.refresh_s) with the leak thresholds of the settings' [alerts]; each scrape answers from
+the latest sample. Listens on 127.0.0.1:9835 unless told otherwise; with --tls-cert and
+--tls-key it serves HTTPS, and with --tls-client-ca as well it requires a client certificate
+signed by that CA (prometheus_client's own TLS support).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import ssl
+import sys
+import threading
+
+from gpuscope.cli import settings
+from gpuscope.errors import Failure, UsageError
+
+DEFAULT_LISTEN = "127.0.0.1:9835"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """HOST:PORT or [IPv6]:PORT -> (host, port); UsageError with one line otherwise."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise UsageError(f"--listen expects HOST:PORT (e.g. {DEFAULT_LISTEN}), not {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"--listen: the port must be a whole number, not {port_text!r}") from None
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--listen: the port must be from 0 to 65535, not {port}")
+    return host, port
+
+
+def _check_tls(args: argparse.Namespace) -> None:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        raise UsageError("--tls-client-ca needs --tls-cert and --tls-key (client certificates need TLS)")
+
+
+def run(args: argparse.Namespace) -> int:
+    host, port = parse_listen(args.listen)
+    _check_tls(args)
+    config, effective = settings(args)
+    node = args.node_name or socket.gethostname()
+    if not node or len(node) > 253 or not node.isprintable():
+        raise UsageError("--node-name must be 1 to 253 printable characters")
+
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.process_collector import ProcessCollector
+
+    from gpuscope.core.exporter import NodeAgent
+
+    agent = NodeAgent(node, interval=effective["console.refresh_s"].value, thresholds=config.alerts.thresholds())
+    registry = CollectorRegistry()
+    registry.register(agent.collector)
+    ProcessCollector(namespace="gpuscope_exporter", registry=registry)  # its own CPU and memory
+    try:
+        server, thread = start_http_server(
+            port, addr=host, registry=registry, certfile=args.tls_cert, keyfile=args.tls_key,
+            client_cafile=args.tls_client_ca, client_auth_required=bool(args.tls_client_ca),
+        )
+    except (OSError, ssl.SSLError) as exc:
+        raise Failure(f"cannot serve on {args.listen}: {exc.strerror or exc}") from None
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    agent.start()
+    bound_host, bound_port = server.server_address[:2]
+    scheme = "https" if args.tls_cert else "http"
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    print(f"gpuscope exporter: serving {scheme}://{shown}:{bound_port}/metrics for node {node}", file=sys.stderr,
+          flush=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5.0)
+        agent.stop()
+    return 0

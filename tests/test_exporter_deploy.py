@@ -1,0 +1,79 @@
+"""deploy/: the Kubernetes manifests against Kubernetes' own schemas (kubernetes-validate, strict),
+every YAML file through yamllint, the ServiceMonitor against the Service it selects, and the
+systemd unit through `systemd-analyze verify` where systemd is there."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import ROOT, gpuscope_cmd
+
+DEPLOY = ROOT / "deploy"
+KUBERNETES = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+YAMLLINT = "{extends: default, rules: {line-length: {max: 120}, document-start: disable}}"
+
+
+def tool(name: str) -> list[str]:
+    return [sys.executable, "-m", name.replace("-", "_")]
+
+
+def test_manifests_are_valid_kubernetes_resources():
+    done = subprocess.run([*tool("kubernetes-validate"), "--strict", "--no-warn",
+                           *map(str, KUBERNETES)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "daemonset/gpuscope-exporter" in done.stdout and "service/gpuscope-exporter" in done.stdout
+
+
+def test_a_wrong_field_is_caught(tmp_path):
+    broken = tmp_path / "daemonset.yaml"
+    broken.write_text((DEPLOY / "kubernetes" / "daemonset.yaml").read_text().replace("hostPID:", "hostPid:"))
+    done = subprocess.run([*tool("kubernetes-validate"), "--strict", str(broken)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+
+
+def test_yaml_is_clean():
+    done = subprocess.run([*tool("yamllint"), "-d", YAMLLINT, str(DEPLOY)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_daemonset_runs_unprivileged_on_the_hosts_pids():
+    daemonset, service = yaml.safe_load_all((DEPLOY / "kubernetes" / "daemonset.yaml").read_text())
+    pod = daemonset["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["hostPID"] is True and pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    # The exporter's own parser accepts the arguments the manifest gives it.
+    from gpuscope.cli import build_parser
+    args = build_parser().parse_args([a.replace("$(NODE_NAME)", "node-1") for a in container["args"]])
+    assert (args.command, args.listen, args.node_name, args.refresh) == ("exporter", "0.0.0.0:9835", "node-1", 2.0)
+    monitor = yaml.safe_load((DEPLOY / "kubernetes" / "servicemonitor.yaml").read_text())
+    assert monitor["kind"] == "ServiceMonitor"
+    selected = monitor["spec"]["selector"]["matchLabels"].items()
+    assert selected <= service["metadata"]["labels"].items()
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
+
+
+def test_systemd_unit_verifies(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    unit = (DEPLOY / "systemd" / "gpuscope-exporter.service").read_text()
+    installed = gpuscope_cmd()[0]
+    assert "ExecStart=/usr/local/bin/gpuscope " in unit
+    # Verified with the path of the gpuscope installed here (systemd checks it is executable).
+    copy = tmp_path / "gpuscope-exporter.service"
+    copy.write_text(unit.replace("/usr/local/bin/gpuscope", installed))
+    done = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    args = unit.split("ExecStart=/usr/local/bin/gpuscope ", 1)[1].splitlines()[0].split()
+    from gpuscope.cli import build_parser
+    assert build_parser().parse_args(args).listen == "127.0.0.1:9835"

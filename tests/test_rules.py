@@ -1,0 +1,120 @@
+"""`gpuscope rules`: the leak test as Prometheus rules, run by `promtool test rules` (Debian's
+prometheus package) over series of the same shapes the detector's tests use (tests/test_leak.py),
+scraped every 15 s: the rules fire for the leaks and stay silent for the step, the sawtooth, the
+square wave, the warm-up once it has plateaued, a falling floor and noise."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuscope.core.leak import LeakThresholds
+from gpuscope.core.rules import render_rules
+from helpers import gpuscope_cmd, require_tool
+from test_leak import GB, MB, sawtooth, series, warm_up
+
+SCRAPE_S = 15
+ALERT = "GpuscopeLeakProcessGpuMemory"
+LABELS = 'node="node-a",pid="4242",start_time="1.00",command="python serve.py",user="svc",pod_uid="",container_id="",gpu="0"'
+
+
+def rules_text(th: LeakThresholds = LeakThresholds()) -> str:
+    return render_rules(th, ttft_p95_s=0.8, e2e_latency_p95_s=4.0)
+
+
+def values(shape, minutes: float, *, seed: int, noise: float = 5 * MB, base: float = 20 * GB) -> str:
+    _, vs = series(minutes * 60, shape, seed=seed, noise=noise, base=base, every=SCRAPE_S)
+    return " ".join(f"{max(v, 0.0):.0f}" for v in vs)
+
+
+def firing(minute: int, horizons: list[str], alert: str = ALERT) -> str:
+    samples = "".join(f"          - labels: '{{horizon=\"{h}\"}}'\n            value: 1\n" for h in horizons)
+    return (f"      - expr: count by (horizon) (ALERTS{{alertname=\"{alert}\",alertstate=\"firing\"}})\n"
+            f"        eval_time: {minute}m\n        exp_samples:\n" + (samples or "          []\n"))
+
+
+def promtool_test(tmp_path: Path, input_series: list[tuple[str, str]], checks: list[str],
+                  rules: str | None = None) -> subprocess.CompletedProcess:
+    promtool = require_tool("promtool")
+    (tmp_path / "rules.yml").write_text(rules if rules is not None else rules_text())
+    inputs = "".join(f"      - series: '{name}'\n        values: '{vals}'\n" for name, vals in input_series)
+    (tmp_path / "test.yml").write_text(
+        f"rule_files: [rules.yml]\nevaluation_interval: {SCRAPE_S}s\ntests:\n"
+        f"  - interval: {SCRAPE_S}s\n    input_series:\n{inputs}    promql_expr_test:\n" + "".join(checks)
+    )
+    return subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+
+
+def gpu_series(vals: str) -> list[tuple[str, str]]:
+    return [(f"gpuscope_process_gpu_memory_bytes{{{LABELS}}}", vals)]
+
+
+# (shape, minutes of data, {minute: horizons firing}) - the detector's verdicts on the same shapes
+# are in tests/test_leak.py: leaks there are leaks here, the rest is silent here.
+SHAPES = {
+    "fast-leak-5MB/s": (lambda t: 5 * MB * t, 20, {4: [], 12: ["5m"], 20: ["5m"]}),
+    "leak-1MB/s": (lambda t: 1 * MB * t, 40, {12: ["5m"], 40: ["30m", "5m"]}),
+    "slow-leak-0.2MB/s-3h": (lambda t: 0.2 * MB * t, 180, {60: [], 130: ["2h"], 180: ["2h"]}),
+    "sawtooth-with-rising-floor": (sawtooth(20, 300 * MB, floor_rate=0.5 * MB), 45, {20: [], 40: ["30m"]}),
+    "step-then-plateau": (lambda t: 2 * GB if t >= 12 else 0.0, 60, {2: [], 5: [], 10: [], 30: [], 60: []}),
+    "sawtooth-flat-floor": (sawtooth(20, 300 * MB), 60, {5: [], 10: [], 30: [], 60: []}),
+    "square-wave-buffers": (lambda t: 500 * MB if (t % 30) < 12 else 0.0, 60, {5: [], 30: [], 60: []}),
+    "short-warm-up": (warm_up(60, 1.5 * GB), 60, {2: [], 5: [], 10: [], 30: [], 60: []}),
+    "warm-up-after-plateau": (warm_up(300, 1.5 * GB), 60, {15: [], 30: [], 60: []}),
+    "falling-floor": (lambda t: -0.5 * MB * t, 60, {10: [], 30: [], 60: []}),
+    "flat-noise": (lambda t: 0.0, 60, {5: [], 30: [], 60: []}),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_leak_rules_fire_for_leaks_and_stay_silent_otherwise(tmp_path, name):
+    shape, minutes, expected = SHAPES[name]
+    checks = [firing(minute, horizons) for minute, horizons in expected.items()]
+    done = promtool_test(tmp_path, gpu_series(values(shape, minutes, seed=11)), checks)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dcgm_memory_is_judged_only_where_no_gpuscope_exporter_answers(tmp_path):
+    ramp = values(lambda t: 2 * MB * t, 20, seed=3, base=1 * GB)
+    mib = " ".join(str(round(float(v) / 1048576)) for v in ramp.split())
+    inputs = [
+        ('DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-a",Hostname="node-a"}', mib),
+        ('DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-b",Hostname="node-b"}', mib),
+        # node-b runs the gpuscope exporter: its per-process rules speak for it
+        ('gpuscope_gpu_memory_used_bytes{node="node-b",gpu="0",uuid="GPU-b",name="H200"}', ramp),
+    ]
+    check = ("      - expr: count by (Hostname) (ALERTS{alertname=\"GpuscopeLeakGpuMemory\",alertstate=\"firing\"})\n"
+             "        eval_time: 15m\n        exp_samples:\n          - labels: '{Hostname=\"node-a\"}'\n"
+             "            value: 1\n")
+    done = promtool_test(tmp_path, inputs, [check])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_thresholds_come_from_the_alerts_settings(tmp_path):
+    # 1 MB/s for 12 minutes is a leak by default (above) and not with a fast rule ten times higher.
+    slower = LeakThresholds(fast_rate=50e6)
+    checks = [firing(12, [])]
+    done = promtool_test(tmp_path, gpu_series(values(lambda t: 1 * MB * t, 12, seed=11)), checks, rules_text(slower))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_rules_command_writes_checked_rules_and_follows_the_output_rule(tmp_path):
+    promtool = require_tool("promtool")
+    config = tmp_path / "config.toml"
+    config.write_text("[alerts]\nfast_rate = 50000000\n")
+    out = tmp_path / "gpuscope.rules.yml"
+    run = lambda *a: subprocess.run([*gpuscope_cmd(), "--config", str(config), "rules", *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=60)
+    done = run("-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, timeout=60).returncode == 0
+    assert "alert rate 50 MB/s for 10 s" in out.read_text()
+    again = run("-o", str(out))
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "--force" in again.stderr
+    assert run("-o", str(out), "--force").returncode == 0
+    stdout = run("-o", "-")
+    assert stdout.returncode == 0 and stdout.stdout == out.read_text()
+    assert run("-o", str(tmp_path)).returncode == 2  # a folder is not a regular file
