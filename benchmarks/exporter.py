@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from _harness import ROOT, Cleanup, dump_json, machine, print_table, run_script
 

@@ -959,7 +959,7 @@ class LeakWatch:
     min_interval_s: float = 1.0
     refresh_fraction: float = 0.05
     confirm_s: float = 3.0
-    max_series: int = 256
+    max_series: int = 2048  # as SeriesStore's: a big node's every process keeps its verdict
     _series: dict[Hashable, _Watched] = field(default_factory=dict, init=False, repr=False, compare=False)
     _born: int = field(default=0, init=False, repr=False, compare=False)
 

@@ -72,7 +72,9 @@ class Ring:
 class SeriesStore:
     """Thread-safe map of series key -> Ring, bounded in count and per-series length."""
 
-    def __init__(self, capacity: int = 3600, max_series: int = 512, idle_ttl: float = 120.0) -> None:
+    # 2048 series: a node of 8 GPUs x 200 processes keeps ~620 live (RSS, GPU per device and in all,
+    # for each process); fewer would evict and re-create them every tick, and no growth would show.
+    def __init__(self, capacity: int = 3600, max_series: int = 2048, idle_ttl: float = 120.0) -> None:
         self.capacity = capacity
         self.max_series = max_series
         self.idle_ttl = idle_ttl
