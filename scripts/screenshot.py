@@ -24,7 +24,7 @@ async def shoot(seconds: float, theme: str, out: Path) -> None:
         app = GpuScopeApp(NodeSource(interval=1.0, focus_pid=demo.service.pid), theme=theme)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause(seconds)
-            app.query_one("#chart").show(app.frame.chart, force=True)
+            app.query_one("#chart").show(app.frame.chart, force=True, now=app.frame.time)
             await pilot.pause()
             out.parent.mkdir(parents=True, exist_ok=True)
             app.save_screenshot(filename=out.name, path=str(out.parent))
