@@ -821,7 +821,8 @@ def give_back_freed_memory():
 def _import_memray(path):
     """memray, from the process's own environment, else from `path` (gpuscope's own packages,
     only when they were built for this interpreter: an import that fails leaves nothing behind).
-    -> (module, where) or RequestError."""
+    -> (module, where) or RequestError. `path` stays on sys.path until `_forget_path(path)`:
+    memray imports some of its modules only when a capture is read."""
     try:
         import memray
 
@@ -837,15 +838,18 @@ def _import_memray(path):
 
         return memray, "gpuscope's own packages (%s)" % path
     except Exception as exc:
+        _forget_path(path)
         for name in [n for n in sys.modules if n == "memray" or n.startswith("memray.")]:
             del sys.modules[name]
         raise RequestError("memray is not importable in this process, and gpuscope's own memray does not load "
                            "in it (%s: %s)" % (type(exc).__name__, exc))
-    finally:
-        try:
-            sys.path.remove(path)
-        except ValueError:
-            pass
+
+
+def _forget_path(path):
+    try:
+        sys.path.remove(path)
+    except ValueError:
+        pass
 
 
 MAX_CAPTURE = 256 * 1024 * 1024  # bytes: tracking stops early when the capture grows past this
@@ -940,6 +944,8 @@ def _op_memray_track(state, request, hung_up):
         state.memray.release()
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
+        if where != "the service's environment":
+            _forget_path(request.get("memray_path"))
     give_back_freed_memory()
     kept = records[:limit]
     out = {

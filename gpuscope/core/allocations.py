@@ -488,7 +488,7 @@ def _tracked(reply: dict, pid: int, method: str, sees: str) -> Tracked:
     times = tuple(float(t) for t in reply.get("times") or ())
     rss = reply.get("rss") if isinstance(reply.get("rss"), dict) else {}
     cost = {"rss_before": rss.get("before"), "rss_tracking": rss.get("tracking"), "rss_after": rss.get("after"),
-            "seconds": reply.get("seconds"), "from": reply.get("from"), "sees": sees,
+            "seconds": reply.get("seconds"), "from": reply.get("from") or "the standard library", "sees": sees,
             "cut_short": bool(reply.get("cut_short"))}
     live = [g for g in groups if int(g.get("size") or 0) > 0]
     return Tracked(suspects_from_records(_records(live, "size"), roots, method),

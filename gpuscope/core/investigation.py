@@ -102,12 +102,18 @@ def investigate(
         instrumented = ((att.window[0] - now, att.window[1] - now),)
     return replace(
         evidence,
-        serving_start=ok[0] if ok else (snapshots[0] if snapshots else None),
+        serving_start=first_measured(ok) if ok else (snapshots[0] if snapshots else None),
         serving_end=snapshots[-1] if snapshots else None,
         attribution=att,
         instrumented=instrumented,
         exited=evidence.exited or exited_after is not None,
     )
+
+
+def first_measured(snapshots: list[ServingSnapshot]) -> ServingSnapshot:
+    """The earliest snapshot with latencies measured (a source's first read has no rates yet)."""
+    return next((s for s in snapshots if s.signals.e2e_latency_p95_s is not None
+                 or any(st.p95_s is not None for st in s.stages)), snapshots[0])
 
 
 def _alive(pid: int) -> bool:
