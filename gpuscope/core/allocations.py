@@ -678,11 +678,18 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
             opened.append(client)
         return client, hello, why_not
 
+    ran: list[tuple[float, float]] = []  # when trackers ran inside the process (also those that found nothing)
+    costs: list[dict] = []
+
     def done(found: tuple[Suspect, ...], method: str | None, confidence: str, tracked: Tracked | None = None,
              window: tuple[float, float] | None = None) -> Attribution:
+        if window is not None and window not in ran:
+            ran.append(window)
+        span = (min(w[0] for w in ran), max(w[1] for w in ran)) if ran else None
+        cost = tracked.cost if tracked else (costs[-1] if costs else {})
         return Attribution(pid, found, tuple(rungs), method, confidence, time.monotonic() - started,
                            times=tracked.times if tracked else (), sites=tracked.sites if tracked else (),
-                           window=window, cost=tracked.cost if tracked else {})
+                           window=span, cost=cost)
 
     def failed(method: str, detail: str) -> None:
         rungs.append(Rung(method, "failed", detail))
@@ -690,6 +697,9 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
 
     def left() -> float:
         return deadline - time.monotonic()
+
+    def tracking_left() -> float:  # the tracking rungs share `duration` seconds between them
+        return min(started + duration, deadline) - time.monotonic()
 
     rungs: list[Rung] = []
     client, hello, why_not = connect()
@@ -744,6 +754,8 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
                                   f"memory{also}; sees {tracked.cost.get('sees')}"))
                 return done(tracked.suspects, "memray", "high", tracked, window)
             rungs.append(Rung("memray", "failed", f"{way}: no allocation made while tracking is still alive"))
+            ran.append(window)
+            costs.append(tracked.cost)
             if tracked.sites:  # nothing held at the end, but what was held over time is evidence
                 return done((), None, "none", tracked, window)
     else:
@@ -755,13 +767,13 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
         rungs.append(Rung("tracemalloc", "skipped", "not requested (it runs code inside the process)"))
     elif client is None:
         rungs.append(Rung("tracemalloc", "skipped", why_not))
-    elif left() < 3.0:
-        rungs.append(Rung("tracemalloc", "skipped", "no time left in --duration"))
+    elif tracking_left() < 3.0:
+        rungs.append(Rung("tracemalloc", "skipped", "no tracking time left in --duration"))
     else:
         progress("tracemalloc", 0.0)
         begun = time.time()
         try:
-            tracked = probe_tracemalloc_suspects(client, pid, min(duration, left()), cancelled=cancelled)
+            tracked = probe_tracemalloc_suspects(client, pid, tracking_left(), cancelled=cancelled)
         except probe_client.ProbeError as exc:
             failed("tracemalloc", f"in process through gpuscope's probe: {exc}")
         except Exception as exc:
@@ -774,6 +786,8 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
                                   f"still holding memory; sees {TRACEMALLOC_SEES}"))
                 return done(tracked.suspects, "tracemalloc" if tracked.suspects else None,
                             "medium" if tracked.suspects else "none", tracked, window)
+            ran.append(window)
+            costs.append(tracked.cost)
             failed("tracemalloc", "no Python allocation made while tracing is still alive "
                    f"({TRACEMALLOC_SEES.split(':')[1].strip()})")
     if cancelled():

@@ -246,10 +246,16 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
     return Series(tuple(times), tuple(values)), note
 
 
-def _floors_of(samples: list[tuple[float, float]], per_floor: int = 4) -> list[tuple[float, float]]:
-    """The lowest sample of each run of `per_floor` (batch buffers filled and freed leave the
-    floor where it is; the median of a stretch shorter than their cycle would not)."""
-    return [min(samples[i:i + per_floor], key=lambda p: p[1]) for i in range(0, len(samples), per_floor)]
+def _floors_of(samples: list[tuple[float, float]], width_s: float = 4.0) -> list[tuple[float, float]]:
+    """The lowest sample of each `width_s` slice (batch buffers filled and freed leave the floor
+    where it is; the median of a stretch shorter than their cycle would not)."""
+    t0 = samples[0][0]
+    slices: dict[int, tuple[float, float]] = {}
+    for t, v in samples:
+        k = int((t - t0) // width_s)
+        if k not in slices or v < slices[k][1]:
+            slices[k] = (t, v)
+    return [slices[k] for k in sorted(slices)]
 
 
 def site_trends(att: Attribution | None, thresholds: LeakThresholds) -> list[tuple[object, HeldTrend]]:
@@ -474,7 +480,9 @@ def _instrument(att: Attribution | None, note: dict) -> dict:
         return {}
     cost = dict(att.cost)
     before, tracking, after = cost.pop("rss_before", None), cost.pop("rss_tracking", None), cost.pop("rss_after", None)
-    return {"method": att.method or next((r.method for r in reversed(att.rungs) if r.status != "skipped"), None),
+    trackers = [r.method for r in att.rungs if r.status != "skipped" and r.method != "stack-sampling"]
+    method = att.method if att.method in trackers else ", ".join(trackers) or None
+    return {"method": method,
             "seconds": round(att.window[1] - att.window[0], 1), **cost,
             "rss_before": before, "rss_tracking": tracking, "rss_after": after,
             "added_bytes": tracking - before if tracking is not None and before is not None else None,

@@ -28,6 +28,7 @@ from gpuscope.core.serving import ServingSource
 from gpuscope.core.serving_model import ServingSnapshot
 
 HISTORY_MARGIN_S = 5.0
+SAMPLE_INTERVAL_S = 0.5  # the trend is judged on half the window: twice a second keeps samples enough
 BEFORE_FRACTION = 0.25  # of the duration, watched before any tracker runs
 TRACK_FRACTION = 0.5  # of the duration, the longest a tracker runs
 TRACK_MAX_S = 30.0
@@ -48,11 +49,11 @@ def investigate(
     progress: Callable[[str], None] = lambda line: None,
     stop: threading.Event | None = None,
 ) -> Evidence:
-    """Watch `pid` for `duration` seconds (1 sample/s) and look for its allocation sites."""
+    """Watch `pid` for `duration` seconds (2 samples/s) and look for its allocation sites."""
     stop = stop or threading.Event()
     frames: list[Frame] = []
     snapshots: list[ServingSnapshot] = []
-    node = NodeSource(interval=1.0, focus_pid=pid)
+    node = NodeSource(interval=SAMPLE_INTERVAL_S, focus_pid=pid)
     node.start(lambda f: frames.__setitem__(slice(None), [f]))
     if serving is not None:
         serving.start(snapshots.append)
