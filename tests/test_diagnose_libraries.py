@@ -31,14 +31,14 @@ import numpy as np
 import faiss
 index = faiss.IndexFlatL2(64)
 def search(query):
-    if not REMEMBER and index.ntotal >= 20_000:
+    if not REMEMBER and index.ntotal >= 40_000:
         index.reset()                 # the fix: a bounded index
     index.add(query)                  # every query kept in the index (native memory)
     return index.search(query[:1], 5)
 print("ready", flush=True)
 rng = np.random.default_rng(0)
 while True:
-    search(rng.random((2000, 64), dtype=np.float32)); time.sleep(0.1)
+    search(rng.random((4000, 64), dtype=np.float32)); time.sleep(0.1)
 """
 
 TOKENIZERS = """
