@@ -8,8 +8,8 @@ rate is read from a counter file it rewrites every 0.25 s:
 - while each tracking rung runs through the probe for `--track` seconds (memray with held bytes
   read every second, tracemalloc with a snapshot every second) and while the stack-sampling rung
   runs (py-spy, nonblocking, 5 dumps a second);
-- over a whole `gpuscope diagnose --duration D` (the default schedule: a quarter watched, at most
-  half tracked, the rest watched again), averaged over the diagnosis.
+- over a whole `gpuscope diagnose --duration D` (the default schedule: 30 % watched, at most
+  40 % tracked, the rest watched again), averaged over the diagnosis.
 
 RSS is read before and after each rung (after: once the tracker's memory was given back).
 

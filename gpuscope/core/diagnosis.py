@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuscope.core.allocations import Attribution
-from gpuscope.core.growth import theil_sen
+from gpuscope.core.growth import floor_growth, theil_sen
 from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend
 from gpuscope.core.markdown import md_code, md_text
 from gpuscope.core.model import ProcessRow
@@ -37,7 +37,7 @@ TITLES = (
 )
 DEGRADED = 1.25  # a latency this much above its level at the start of the window is degrading
 STAGE_DOMINATES = 0.5  # a stage other than the model's taking this share of the request time is a bottleneck
-INSTRUMENT_MARGIN_S = 1.5  # samples this close after a tracker stopped still carry its memory
+INSTRUMENT_MARGIN_S = 0.5  # samples this close after a tracker stopped may still carry its memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,13 +229,15 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
     if len(pre) < 2 or len(post) < 2:
         kept = pre + post
         return Series(tuple(t for t, _ in kept), tuple(v for _, v in kept)), note
-    floors = [_floors_of(seg) for seg in (pre, post)]
-    slopes = sorted((v2 - v1) / (t2 - t1) for seg in floors
-                    for i, (t1, v1) in enumerate(seg) for t2, v2 in seg[i + 1:] if t2 > t1)
-    slope = statistics.median(slopes) if slopes else 0.0
+    floors = [_floors_of(seg, min(4.0, (seg[-1][0] - seg[0][0]) / 3) or 1.0) for seg in (pre, post)]
+    # The trend carried across the hole: each stretch's floor slope; where they disagree in sign
+    # none is trusted, else the gentler (a stretch just after a tracker may still be settling).
+    each = [theil_sen(seg) or 0.0 if len(seg) >= 2 else None for seg in floors]
+    known = [b for b in each if b is not None]
+    slope = 0.0 if not known or (len(known) == 2 and known[0] * known[1] <= 0) else min(known, key=abs)
     step = statistics.median(b[0] - a[0] for seg in (pre, post) for a, b in zip(seg, seg[1:]))
     hole = post[0][0] - pre[-1][0] - step
-    level = lambda i, shift=0.0: min(v - slope * (t - shift) for t, v in floors[i])  # noqa: E731
+    level = lambda i, shift=0.0: statistics.median(v - slope * (t - shift) for t, v in floors[i])  # noqa: E731
     left = max(0.0, level(1) - level(0))  # above the trend line on the real clock: the tracker's
     joined = max(0.0, level(1, hole) - level(0))  # above it once joined: the hole's growth too
     note["tracker_left_bytes"] = int(left)
@@ -250,10 +252,11 @@ def _floors_of(samples: list[tuple[float, float]], width_s: float = 4.0) -> list
     """The lowest sample of each `width_s` slice (batch buffers filled and freed leave the floor
     where it is; the median of a stretch shorter than their cycle would not)."""
     t0 = samples[0][0]
+    whole = int((samples[-1][0] - t0) // width_s)  # a last slice shorter than the others is left out
     slices: dict[int, tuple[float, float]] = {}
     for t, v in samples:
         k = int((t - t0) // width_s)
-        if k not in slices or v < slices[k][1]:
+        if (k < whole or whole == 0) and (k not in slices or v < slices[k][1]):
             slices[k] = (t, v)
     return [slices[k] for k in sorted(slices)]
 
@@ -505,6 +508,12 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         gpu_assessment = _assess(ev.gpu, thresholds, **torch)
     rss, note = uninstrumented(ev.rss, ev.instrumented)
     host_step, rss_assessment = step_host(replace(ev, rss=rss), thresholds, gpu_assessment)
+    if rss_assessment is not None and rss_assessment.growth_bytes_per_s is None and len(rss.known()) >= 4:
+        # Too short a stretch to judge (a short --duration less the tracking): its floor's slope is
+        # still the best measure of the growth there is.
+        valid = [(t, v) for t, v in zip(rss.times, rss.values) if v is not None]
+        rss_assessment = replace(rss_assessment, growth_bytes_per_s=floor_growth([t for t, _ in valid],
+                                                                                  [v for _, v in valid]))
     source, memory = ("gpu", gpu_assessment) if gpu_assessment is not None else ("rss", rss_assessment)
     trends = site_trends(ev.attribution, thresholds)
     rising = [(site, t) for site, t in trends if t.kind == "rising"]

@@ -1,8 +1,8 @@
 """Collecting the evidence for a diagnosis: watch one process (and its GPU, and the service)
 for a while, look for its allocation sites meanwhile, and hand the diagnosis engine what was seen.
 
-`duration` is the whole budget: the first quarter is watched with nothing inside the process
-(samples the memory trend can be judged on), an allocation tracker then runs for at most half of
+`duration` is the whole budget: the first 30 % is watched with nothing inside the process
+(samples the memory trend can be judged on), allocation trackers then run for at most 40 % of
 it (`TRACK_FRACTION`, at most `TRACK_MAX_S`), and the rest is watched again after the tracker has
 stopped and given its memory back. A rung that fails hands what is left of the budget to the next.
 The watch ends early when the process exits; what was gathered until then is diagnosed.
@@ -29,8 +29,8 @@ from gpuscope.core.serving_model import ServingSnapshot
 
 HISTORY_MARGIN_S = 5.0
 SAMPLE_INTERVAL_S = 0.5  # the trend is judged on half the window: twice a second keeps samples enough
-BEFORE_FRACTION = 0.25  # of the duration, watched before any tracker runs
-TRACK_FRACTION = 0.5  # of the duration, the longest a tracker runs
+BEFORE_FRACTION = 0.3  # of the duration, watched before any tracker runs
+TRACK_FRACTION = 0.4  # of the duration, the longest the trackers run
 TRACK_MAX_S = 30.0
 STOP_GRACE_S = 4.0  # a tracker's reply (its capture read, its memory given back) may end this late
 
