@@ -52,7 +52,19 @@ innermost first, everywhere. Ops:
   native_traces=False, file_format=AGGREGATED_ALLOCATIONS)` in this thread for that long (stopped
   early if the client hangs up), then {seconds, records: [{size, count, frames}], bytes, count,
   omitted}: the allocations made meanwhile that are still alive, one record per stack (memray's
-  grouping), largest first. The probe's own frames are left out.
+  grouping), largest first. The probe's own frames are left out. With `interval` (seconds) every
+  allocation is recorded (not aggregated; tracking stops early past 256 MiB of capture) and the
+  reply adds `times` (memory snapshots, seconds since tracking began) and, per record, `held`:
+  the bytes that stack held at each of those times. With `memray_path` (gpuscope's own
+  packages), memray is imported from there when the process cannot import its own. Every reply
+  says where memray came from (`from`) and the process's RSS `before`, while `tracking` and
+  `after` (the tracker's state freed, glibc asked to return free pages: `malloc_trim`).
+- `tracemalloc_track` {seconds, interval?, frames?, limit?} -> the standard library's tracker
+  (Python-domain allocations only: memory allocated by C/C++/Rust code directly, a FAISS index,
+  a tokenizer's buffers, is not seen), started for that long and stopped again; a snapshot every
+  `interval` s -> {seconds, times, records: [{size, count: null, frames, held}], bytes, omitted,
+  rss}. Frames are named after the function defined around their line in the source file.
+  Refused when the service runs tracemalloc itself.
 
 Without torch, or before CUDA is initialised, the torch ops answer "CUDA not available: ...".
 Safety: every request is contained (an exception becomes an error reply); replies are bounded
@@ -428,7 +440,7 @@ class _Server:
                 raise RequestError("not a JSON request: send one JSON object per line, such as {\"op\": \"hello\"}")
             if not isinstance(request, dict) or not isinstance(request.get("op"), str):
                 raise RequestError("a request is a JSON object with an \"op\" (hello, stats, history_start, "
-                                   "history_stop, snapshot, diff, memray_track)")
+                                   "history_stop, snapshot, diff, memray_track, tracemalloc_track)")
             handler = _OPS.get(request["op"])
             if handler is None:
                 raise RequestError("unknown op %r; known: %s" % (request["op"][:40], ", ".join(sorted(_OPS))))
@@ -785,50 +797,280 @@ def _own_files():
     return tuple(files)
 
 
+def _rss():
+    """This process's resident memory now, bytes (None where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def give_back_freed_memory():
+    """Ask the C allocator to return the free pages at the top of its heaps to the system
+    (glibc's malloc_trim): what a tracker allocated and freed would otherwise stay in the process's
+    RSS after the diagnosis. A no-op where there is no glibc."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except Exception:
+        pass
+
+
+def _import_memray(path):
+    """memray, from the process's own environment, else from `path` (gpuscope's own packages,
+    only when they were built for this interpreter: an import that fails leaves nothing behind).
+    -> (module, where) or RequestError. `path` stays on sys.path until `_forget_path(path)`:
+    memray imports some of its modules only when a capture is read."""
+    try:
+        import memray
+
+        return memray, "the service's environment"
+    except ImportError:
+        pass
+    if not isinstance(path, str) or not path or not os.path.isdir(path):
+        raise RequestError("memray is not importable in this process: install memray (or gpuscope) into the "
+                           "service's environment")
+    sys.path.append(path)
+    try:
+        import memray
+
+        return memray, "gpuscope's own packages (%s)" % path
+    except Exception as exc:
+        _forget_path(path)
+        for name in [n for n in sys.modules if n == "memray" or n.startswith("memray.")]:
+            del sys.modules[name]
+        raise RequestError("memray is not importable in this process, and gpuscope's own memray does not load "
+                           "in it (%s: %s)" % (type(exc).__name__, exc))
+
+
+def _forget_path(path):
+    try:
+        sys.path.remove(path)
+    except ValueError:
+        pass
+
+
+MAX_CAPTURE = 256 * 1024 * 1024  # bytes: tracking stops early when the capture grows past this
+
+
+def _held_series(reader, times, exclude):
+    """memray's temporal records as [(frames, held bytes at each memory snapshot, count at the end)]:
+    what each stack still held at each snapshot of the capture (allocated since tracking began)."""
+    by_stack = {}
+    last = len(times) - 1
+    for record in reader.get_temporal_allocation_records(merge_threads=True):
+        frames = tuple((str(fn), str(filename), int(line or 0)) for fn, filename, line in record.stack_trace())
+        if exclude and any(f[1] in exclude for f in frames):
+            continue
+        held = by_stack.get(frames)
+        if held is None:
+            held = by_stack[frames] = [[0] * len(times), 0]
+        for interval in record.intervals:
+            start = interval.allocated_before_snapshot
+            end = interval.deallocated_before_snapshot
+            stop = len(times) if end is None else min(end, len(times))
+            for k in range(max(0, start), stop):
+                held[0][k] += interval.n_bytes
+            if end is None or end > last:
+                held[1] += interval.n_allocations
+    return [(frames, h, n) for frames, (h, n) in by_stack.items()]
+
+
 def _op_memray_track(state, request, hung_up):
     seconds = request.get("seconds")
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_TRACK_S:
         raise RequestError("seconds must be a number above 0 and at most %g" % MAX_TRACK_S)
     limit = _int(request.get("limit"), 200, 1, 2000, "limit")
-    try:
-        import memray
-    except ImportError:
-        raise RequestError("memray is not importable in this process: install memray (or gpuscope) into the "
-                           "service's environment")
+    # With an interval: every allocation is recorded and memory snapshots taken that often, so the
+    # reply says what each site held over time, not only at the end.
+    interval = request.get("interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, (int, float))
+                                 or not 0.05 <= interval <= 60):
+        raise RequestError("interval must be a number of seconds from 0.05 to 60")
+    memray, where = _import_memray(request.get("memray_path"))
     if not state.memray.acquire(False):
         raise RequestError("a memray capture is already running in this process: try again when it ends")
     folder = None
+    rss_before = _rss()
+    cut_short = False
     try:
         folder = tempfile.mkdtemp(prefix="gpuscope-memray-")
         capture = os.path.join(folder, "capture.bin")
         started = time.monotonic()
         try:
-            tracker = memray.Tracker(capture, native_traces=False,
-                                     file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
+            if interval is None:
+                tracker = memray.Tracker(capture, native_traces=False,
+                                         file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
+            else:
+                tracker = memray.Tracker(capture, native_traces=False, memory_interval_ms=int(interval * 1000),
+                                         file_format=memray.FileFormat.ALL_ALLOCATIONS)
         except TypeError:
-            raise RequestError("this memray is too old for aggregated captures: install memray 1.11 or newer")
+            raise RequestError("this memray is too old for this capture: install memray 1.11 or newer")
         with tracker:
             deadline = started + float(seconds)
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or hung_up():
                     break
+                if interval is not None and os.path.getsize(capture) > MAX_CAPTURE:
+                    cut_short = True
+                    break
                 time.sleep(min(0.1, left))
         took = time.monotonic() - started
+        rss_tracking = _rss()
         if hung_up():
             raise RequestError("cancelled: the client hung up")
-        records = leaked_records(capture, exclude_files=_own_files())
+        reader = memray.FileReader(capture)
+        try:
+            if interval is None:
+                records = leaked_records(capture, exclude_files=_own_files())
+                times = []
+                held = {}
+            else:
+                snapshots = list(reader.get_memory_snapshots())
+                times = [(s.time - snapshots[0].time) / 1000.0 for s in snapshots] if snapshots else []
+                series = _held_series(reader, times, set(_own_files())) if times else []
+                records = sorted(((f, h[-1], n) for f, h, n in series if h[-1] > 0), key=lambda r: -r[1])
+                held = {f: h for f, h, _ in series}
+                # Sites that hold nothing at the end may still have held much meanwhile (a cache
+                # that evicts): the largest of those are kept too, for the trend.
+                gone = sorted((s for s in series if s[1][-1] <= 0), key=lambda s: -max(s[1]))[: limit // 4]
+                records += [(f, 0, n) for f, h, n in gone if max(h) > 0]
+        finally:
+            reader.close()
     finally:
         state.memray.release()
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
+        if where != "the service's environment":
+            _forget_path(request.get("memray_path"))
+    give_back_freed_memory()
     kept = records[:limit]
-    return {
+    out = {
         "seconds": round(took, 3),
-        "records": [{"size": r[1], "count": r[2], "frames": [list(f) for f in r[0][:MAX_FRAMES]]} for r in kept],
+        "records": [_record_json(r, held.get(r[0]) if held else None) for r in kept],
         "bytes": sum(r[1] for r in records),
         "count": sum(r[2] for r in records),
         "omitted": len(records) - len(kept),
+        "from": where,
+        "cut_short": cut_short,
+        "rss": {"before": rss_before, "tracking": rss_tracking, "after": _rss()},
+    }
+    if interval is not None:
+        out["times"] = [round(t, 3) for t in times]
+    return out
+
+
+def _record_json(record, held):
+    frames, size, count = record
+    out = {"size": size, "count": count, "frames": [list(f) for f in frames[:MAX_FRAMES]]}
+    if held is not None:
+        out["held"] = held
+    return out
+
+
+# -- tracemalloc, in process: the standard library's tracker ---------------------------------------
+
+MAX_SITES = 5000  # tracebacks followed over time
+MAX_SOURCE = 2 * 1024 * 1024  # bytes of a source file read to name a line's function
+
+
+def _function_at(filename, line, cache):
+    """The innermost function defined around `line` of `filename` (tracemalloc's frames have no
+    function name): found in the file's syntax tree; "<module>" outside any; "?" if unreadable.
+    A comprehension belongs to the function that contains it, as everywhere in gpuscope."""
+    spans = cache.get(filename)
+    if spans is None:
+        spans = []
+        try:
+            import ast
+
+            if os.path.getsize(filename) <= MAX_SOURCE:
+                with open(filename, "rb") as f:
+                    tree = ast.parse(f.read())
+                for node in ast.walk(tree):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        spans.append((node.lineno, getattr(node, "end_lineno", node.lineno) or node.lineno, node.name))
+            else:
+                spans = None
+        except Exception:
+            spans = None
+        cache[filename] = spans
+    if spans is None:
+        return "?"
+    inside = [s for s in spans if s[0] <= line <= s[1]]
+    return min(inside, key=lambda s: s[1] - s[0])[2] if inside else "<module>"
+
+
+def _op_tracemalloc_track(state, request, hung_up):
+    seconds = request.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_TRACK_S:
+        raise RequestError("seconds must be a number above 0 and at most %g" % MAX_TRACK_S)
+    interval = request.get("interval", 1.0)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0.05 <= interval <= 60:
+        raise RequestError("interval must be a number of seconds from 0.05 to 60")
+    limit = _int(request.get("limit"), 200, 1, 2000, "limit")
+    depth = _int(request.get("frames"), 16, 1, MAX_FRAMES, "frames")
+    import tracemalloc
+
+    if not state.memray.acquire(False):
+        raise RequestError("an allocation capture is already running in this process: try again when it ends")
+    try:
+        if tracemalloc.is_tracing():
+            raise RequestError("tracemalloc is already tracing in this process (the service's own): left alone")
+        rss_before = _rss()
+        own = set(_own_files())
+        exclude = [tracemalloc.Filter(False, f) for f in own] + [tracemalloc.Filter(False, tracemalloc.__file__)]
+        series = {}  # traceback -> held bytes at each snapshot
+        times = []
+        started = time.monotonic()
+        tracemalloc.start(depth)
+        try:
+            while True:
+                now = time.monotonic() - started
+                snapshot = tracemalloc.take_snapshot().filter_traces(exclude)
+                k = len(times)
+                times.append(round(now, 3))
+                for stat_ in snapshot.statistics("traceback"):
+                    held = series.get(stat_.traceback)
+                    if held is None:
+                        if len(series) >= MAX_SITES:
+                            continue
+                        held = series[stat_.traceback] = [0] * k
+                    held.append(stat_.size)
+                for held in series.values():
+                    if len(held) < k + 1:
+                        held.append(0)
+                del snapshot
+                left = float(seconds) - (time.monotonic() - started)
+                if left <= 0 or hung_up():
+                    break
+                end = time.monotonic() + min(interval, left)
+                while time.monotonic() < end and not hung_up():
+                    time.sleep(min(0.1, end - time.monotonic()))
+        finally:
+            rss_tracking = _rss()
+            tracemalloc.stop()
+        if hung_up():
+            raise RequestError("cancelled: the client hung up")
+    finally:
+        state.memray.release()
+    give_back_freed_memory()
+    names = {}
+    ranked = sorted(series.items(), key=lambda kv: -(kv[1][-1] or max(kv[1]) / 4))[:limit]
+    records = []
+    for traceback, held in ranked:
+        frames = [[_function_at(f.filename, f.lineno, names), f.filename, f.lineno] for f in reversed(traceback)]
+        records.append({"size": held[-1], "count": None, "frames": frames[:MAX_FRAMES], "held": held})
+    return {
+        "seconds": round(time.monotonic() - started, 3),
+        "times": times,
+        "records": records,
+        "bytes": sum(h[-1] for h in series.values()),
+        "omitted": max(0, len(series) - limit),
+        "rss": {"before": rss_before, "tracking": rss_tracking, "after": _rss()},
     }
 
 
@@ -840,6 +1082,7 @@ _OPS = {
     "snapshot": _op_snapshot,
     "diff": _op_diff,
     "memray_track": _op_memray_track,
+    "tracemalloc_track": _op_tracemalloc_track,
 }
 
 

@@ -6,6 +6,7 @@ gdb before Python 3.14; where that would harm the target, the ladder refuses and
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -113,7 +114,7 @@ def test_stack_sampling_alone_does_not_name_the_leak_and_says_it_is_low_confiden
     child = spawn_python(program(body, 3000).replace("\nfor i in", '\nprint("ready", flush=True)\nfor i in', 1))
     result = allocations.attribute(child.pid, 3.0, use_memray=False)
     assert result.method == "stack-sampling" and result.confidence == "low"
-    assert [r.status for r in result.rungs] == ["skipped", "skipped", "used"]
+    assert [r.status for r in result.rungs] == ["skipped", "skipped", "skipped", "used"]
     assert result.suspects and result.suspects[0].function != "leak"  # it finds where time goes
     assert all(s.bytes is None for s in result.suspects)
 
@@ -226,3 +227,76 @@ def test_the_demo_service_leak_is_named_through_its_probe():
             if proc is not None:
                 proc.terminate()
                 proc.wait(10)
+
+
+# -- the sampling rung survives torn dumps ---------------------------------------------------------
+
+
+def _tearing(real, every: int):
+    """py-spy's dump, with every `every`-th one failing as a torn nonblocking dump does."""
+    calls = []
+
+    def dump(pid, **kwargs):
+        calls.append(pid)
+        if len(calls) % every == 0:
+            raise allocations.pyspy.PySpyError(f"py-spy failed on process {pid}: Failed to get stack traces")
+        return real(pid, **kwargs)
+
+    return dump
+
+
+def test_a_torn_dump_is_skipped_and_counted_not_the_end_of_the_rung(spawn_python, monkeypatch):
+    _, body = LEAKERS["beside CPU-heavy neighbours"]
+    child = spawn_python(program(body, 3000).replace("\nfor i in", '\nprint("ready", flush=True)\nfor i in', 1))
+    monkeypatch.setattr(allocations.pyspy, "dump", _tearing(allocations.pyspy.dump, 3))
+    result = allocations.attribute(child.pid, 3.0, use_memray=False)
+    rung = result.rungs[-1]
+    assert rung.method == "stack-sampling" and rung.status == "used", result.rungs
+    assert re.search(r"; \d+ of \d+ dumps failed and were skipped", rung.detail), rung.detail
+
+
+def test_the_sampling_rung_fails_when_most_dumps_fail_and_says_how_many(spawn_python, monkeypatch):
+    child = spawn_python("import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.01)")
+    real = allocations.pyspy.dump
+    monkeypatch.setattr(allocations.pyspy, "dump", _tearing(real, 1))
+    said = []
+    result = allocations.attribute(child.pid, 1.5, use_memray=False, said=said.append)
+    rung = result.rungs[-1]
+    assert rung.status == "failed" and re.match(r"\d+ of \d+ stack dumps of process \d+ failed", rung.detail), rung
+    assert said == [f"stack-sampling: {rung.detail}"]
+
+
+def test_without_any_memray_tracemalloc_names_the_leak_and_says_what_it_cannot_see(tmp_path, monkeypatch):
+    """An interpreter without memray, and no memray of gpuscope's to lend it: the tracemalloc rung,
+    through the probe `gpuscope run` started, names the leaking function from its held bytes."""
+    script = tmp_path / "leaker.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        kept = []
+        def leak():
+            kept.append(bytearray(200_000))
+        def churn():
+            return [bytearray(100_000) for _ in range(10)]
+        print("ready", flush=True)
+        while True:
+            leak(); churn(); time.sleep(0.02)
+    """))
+    monkeypatch.setattr(allocations, "own_memray_path", lambda: None)
+    bare = tmp_path / "bare-venv"
+    venv.create(bare, with_pip=False)
+    proc = subprocess.Popen([sys.executable, "-m", "gpuscope", "run", "--", str(bare / "bin" / "python"), str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        wait_until(lambda: allocations.probe_client.probe_path(proc.pid), timeout=10, what="the probe")
+        result = allocations.attribute(proc.pid, 4.0)
+    finally:
+        proc.kill()
+        proc.wait()
+    memray_rung, tracemalloc_rung = result.rungs[1:3]
+    assert memray_rung.status == "failed" and "memray is not importable" in memray_rung.detail
+    assert tracemalloc_rung.status == "used" and "Python-domain allocations only" in tracemalloc_rung.detail
+    assert result.method == "tracemalloc" and result.suspects[0].function == "leak", result.suspects[:3]
+    leak_site = next(s for s in result.sites if s.function == "leak")
+    assert len(result.times) >= 4 and leak_site.held[-1] > leak_site.held[1] > 0
+    assert result.cost["rss_after"] is not None and result.window is not None

@@ -518,3 +518,27 @@ def test_sketch_skips_missing_and_out_of_order_samples():
     assert not sketch.add(0.5, 3.0)  # older than the latest
     assert not sketch.add(2.0, None) and not sketch.add(2.0, math.nan)
     assert sketch.samples == 2 and sketch.last_value == 2.0 and sketch.span_s == 1.0
+
+
+# -- held bytes of one allocation site over a tracking window ---------------------------------------
+
+from gpuscope.core.leak import held_trend  # noqa: E402
+
+
+def test_held_bytes_rising_steadily_to_the_end_are_a_leak_even_when_slow():
+    times = [float(t) for t in range(16)]
+    trend = held_trend(times, [300_000 * t for t in times])  # 0.3 MB/s, exact as a tracker counts
+    assert trend.kind == "rising" and abs(trend.growth_bytes_per_s - 3e5) < 1 and trend.confidence > 0.9
+
+
+def test_held_bytes_that_rise_then_level_off_are_a_cache_filling_to_its_bound():
+    times = [float(t) for t in range(16)]
+    trend = held_trend(times, [min(t, 4) * 10_000_000 for t in times])
+    assert trend.kind == "levelled" and "levelled off" in trend.reason
+
+
+def test_held_bytes_that_come_and_go_are_balanced_and_too_few_readings_say_nothing():
+    times = [float(t) for t in range(16)]
+    assert held_trend(times, [20_000_000 * (t % 2) for t in times]).kind == "balanced"
+    assert held_trend(times[:3], [0, 5e6, 1e7]).kind == "insufficient-data"
+    assert held_trend(times, [1000 * t for t in times]).kind == "balanced"  # 15 kB in all: too little to count

@@ -8,10 +8,19 @@ almost never on a sampled stack. So attribution climbs a ladder and says which r
    the start and at the end, and group the CUDA blocks allocated meanwhile and still alive by the
    innermost frame of the program's own code;
 2. memray                    — the allocations made during a bounded time and still alive at the
-   end, grouped the same way: in process through the probe (no injection needed), else through
-   `memray attach`;
-3. stack sampling           — py-spy samples weighted by the memory growth in each interval
-   (low confidence: a ranked list of suspects, not a verdict).
+   end, grouped the same way: in process through the probe (no injection needed; what each site
+   held is read over time, and gpuscope's own memray is brought in when the service's
+   environment has none and the interpreter can load it), else through `memray attach`;
+3. tracemalloc              — the standard library's tracker, through the probe: nothing to install
+   in the service, but it sees only Python-domain allocations (not memory C/C++/Rust code
+   allocates itself: a FAISS index, a tokenizer's buffers);
+4. stack sampling           — py-spy samples weighted by the memory growth in each interval
+   (low confidence: a ranked list of suspects, not a verdict; a torn dump is skipped and counted).
+
+The allocation trackers are instruments inside the service: they slow it and take memory of
+their own. Each reports the service's RSS before, while and after tracking (`Attribution.cost`)
+and when it tracked (`Attribution.window`), so that the diagnosis judges the memory trend on the
+samples taken outside that window; the tracker's state is freed and returned to the system after.
 
 Attaching memray runs code inside the target (through gdb before Python 3.14). On some machines
 that kills the target (gdb 13 cannot restore registers on CPUs with AMX state; the interrupted
@@ -61,6 +70,16 @@ class Rung:
 
 
 @dataclass(frozen=True, slots=True)
+class Site:
+    """What one allocation site (an owning frame) held at each time of `Attribution.times`."""
+
+    function: str
+    file: str
+    line: int
+    held: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Attribution:
     pid: int
     suspects: tuple[Suspect, ...]  # best first
@@ -69,6 +88,10 @@ class Attribution:
     confidence: str  # "high" (allocation tracking) | "low" (stack sampling) | "none"
     duration_s: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    times: tuple[float, ...] = ()  # seconds since tracking began, for `sites`
+    sites: tuple[Site, ...] = ()  # held bytes over time, per site (trackers that read it over time)
+    window: tuple[float, float] | None = None  # when a tracker ran inside the process (time.time())
+    cost: dict = field(default_factory=dict)  # the tracker's: "rss_before", "rss_tracking", "rss_after", "from", "sees"
 
 
 class AttachRefused(Exception):
@@ -126,6 +149,29 @@ def suspects_from_records(
         )
         weighted.append((stack, float(size), int(n)))
     return suspects_from_stacks(weighted, method, known_bytes=True)
+
+
+def sites_from_records(groups: Sequence[dict], times: Sequence[float], roots: Sequence[str] = ()) -> tuple[Site, ...]:
+    """Held-over-time records of a tracker (`held` per record, aligned with `times`) summed by
+    owning frame, the largest at the end first."""
+    held: dict[tuple[str, str, int], list[int]] = {}
+    for g in groups:
+        series = g.get("held")
+        frames = g.get("frames") or ()
+        if not isinstance(series, list) or len(series) != len(times):
+            continue
+        stack = tuple(
+            StackFrame(function=str(f[0]), file=str(f[1]), line=int(f[2] or 0), kind=classify(str(f[1]), own_roots=roots))
+            for f in frames if isinstance(f, (list, tuple)) and len(f) == 3
+        )
+        owner = owner_frame(stack)
+        if owner is None:
+            continue
+        total = held.setdefault((owner.function, owner.file, owner.line), [0] * len(times))
+        for k, v in enumerate(series):
+            total[k] += int(v or 0)
+    ranked = sorted(held.items(), key=lambda kv: -kv[1][-1])
+    return tuple(Site(k[0], k[1], k[2], tuple(v)) for k, v in ranked)
 
 
 def suspects_from_capture(path: str, roots: Sequence[str] = ()) -> tuple[Suspect, ...]:
@@ -423,12 +469,74 @@ def torch_history_suspects(
     return suspects_from_records(_records(diff.get("groups") or (), "bytes"), pyspy.own_roots(pid), "torch-history")
 
 
+HELD_INTERVAL_S = 1.0  # how often a tracker's held bytes per site are read
+# What tracking costs the service, as benchmarks/diagnosis_cost.py measured it on an
+# allocation-heavy service (shown where the operator is asked before anything runs inside it).
+TRACKING_COST = ("expected cost: the service runs up to ~10% slower while it is tracked (memray or "
+                 "tracemalloc; stack sampling takes ~20% of a small machine's CPU instead), and keeps "
+                 "~12 MB after (memray's code, once loaded, stays)")
+
+
+@dataclass(frozen=True, slots=True)
+class Tracked:
+    """What one tracking rung found: suspects, held bytes per site over time, and its cost."""
+
+    suspects: tuple[Suspect, ...]
+    times: tuple[float, ...]
+    sites: tuple[Site, ...]
+    cost: dict
+
+
+def _tracked(reply: dict, pid: int, method: str, sees: str) -> Tracked:
+    roots = pyspy.own_roots(pid)
+    groups = reply.get("records") or ()
+    times = tuple(float(t) for t in reply.get("times") or ())
+    rss = reply.get("rss") if isinstance(reply.get("rss"), dict) else {}
+    cost = {"rss_before": rss.get("before"), "rss_tracking": rss.get("tracking"), "rss_after": rss.get("after"),
+            "seconds": reply.get("seconds"), "from": reply.get("from") or "the standard library", "sees": sees,
+            "cut_short": bool(reply.get("cut_short"))}
+    live = [g for g in groups if int(g.get("size") or 0) > 0]
+    return Tracked(suspects_from_records(_records(live, "size"), roots, method),
+                   times, sites_from_records(groups, times, roots) if times else (), cost)
+
+
+def own_memray_path() -> str | None:
+    """The folder gpuscope's own memray is imported from (None: gpuscope has none)."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.find_spec("memray")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
+
+
 def probe_memray_suspects(
+    client: probe_client.ProbeClient, pid: int, duration: float, *, hello: dict | None = None,
+    cancelled: Callable[[], bool] = lambda: False
+) -> Tracked:
+    """memray's tracker run by the probe inside the process for `duration`, held bytes read every
+    second: no injection. When the service's environment has no memray and its interpreter is
+    gpuscope's version, gpuscope's own memray is offered (the probe loads it only if it can)."""
+    path = None
+    if hello is not None and not hello.get("memray"):
+        ours = "%d.%d" % sys.version_info[:2]
+        if str(hello.get("python") or "").startswith(ours + "."):
+            path = own_memray_path()
+    reply = client.memray_track(max(0.1, duration), limit=GROUPS, interval=HELD_INTERVAL_S, memray_path=path,
+                                cancelled=cancelled)
+    return _tracked(reply, pid, "memray", "every allocation of Python and native code made through malloc")
+
+
+def probe_tracemalloc_suspects(
     client: probe_client.ProbeClient, pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False
-) -> tuple[Suspect, ...]:
-    """memray's tracker run by the probe inside the process for `duration`: no injection."""
-    reply = client.memray_track(max(0.1, duration), limit=GROUPS, cancelled=cancelled)
-    return suspects_from_records(_records(reply.get("records") or (), "size"), pyspy.own_roots(pid))
+) -> Tracked:
+    """The standard library's tracemalloc, run by the probe for `duration`, a snapshot every second."""
+    reply = client.tracemalloc_track(max(0.1, duration), interval=HELD_INTERVAL_S, limit=GROUPS, cancelled=cancelled)
+    return _tracked(reply, pid, "tracemalloc", TRACEMALLOC_SEES)
+
+
+TRACEMALLOC_SEES = ("Python-domain allocations only: memory that C, C++ or Rust code allocates itself "
+                    "(a FAISS index, a tokenizer's buffers) is not seen")
 
 
 # -- the stack-sampling rung ------------------------------------------------------------------------
@@ -459,13 +567,48 @@ def sampling_suspects(
     Low confidence by nature: a function that allocates quickly and returns is rarely caught on a
     stack, so this ranks where the process was *while* memory grew, not what allocated it.
     """
+    return sample_growth(pid, duration, interval=interval, memory=memory, cancelled=cancelled, progress=progress)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingCount:
+    """How many py-spy dumps the sampling rung took, and how many of them failed (torn)."""
+
+    taken: int
+    failed: int
+    last_error: str = ""
+
+
+def sample_growth(
+    pid: int,
+    duration: float,
+    *,
+    interval: float = 0.2,
+    memory: Callable[[int], float | None] = rss_of,
+    cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[float], None] = lambda fraction: None,
+) -> tuple[tuple[Suspect, ...], SamplingCount]:
+    """`sampling_suspects`, and how many dumps failed. A dump that fails (a torn stack: py-spy
+    read a thread while it changed) is skipped and counted; the rung fails (PySpyError) only when
+    the process is gone or refuses us, or when most dumps failed."""
     roots = pyspy.own_roots(pid)
     weighted: list[tuple[tuple[StackFrame, ...], float, int]] = []
     before = memory(pid)
     started = time.monotonic()
+    taken = failed = 0
+    last_error = ""
     while time.monotonic() - started < duration and not cancelled():
         tick = time.monotonic()
-        dump: StackDump = pyspy.dump(pid, nonblocking=True, roots=roots)
+        taken += 1
+        try:
+            dump: StackDump = pyspy.dump(pid, nonblocking=True, roots=roots)
+        except pyspy.PySpyError as exc:
+            if pyspy.exited(pid) or "not permitted" in str(exc) or "not a Python" in str(exc):
+                raise
+            failed += 1
+            last_error = str(exc)
+            time.sleep(max(0.0, interval - (time.monotonic() - tick)))
+            continue
         now = memory(pid)
         growth = (now - before) if now is not None and before is not None else 0.0
         before = now
@@ -475,7 +618,10 @@ def sampling_suspects(
                 weighted.append((frames, growth / len(stacks), 1))
         progress(min(1.0, (time.monotonic() - started) / duration))
         time.sleep(max(0.0, interval - (time.monotonic() - tick)))
-    return suspects_from_stacks(weighted, "stack-sampling", known_bytes=False)
+    count = SamplingCount(taken, failed, last_error)
+    if taken and failed * 2 > taken:
+        raise pyspy.PySpyError(f"{failed} of {taken} stack dumps of process {pid} failed (last: {last_error})")
+    return suspects_from_stacks(weighted, "stack-sampling", known_bytes=False), count
 
 
 # -- the ladder --------------------------------------------------------------------------------------
@@ -507,26 +653,53 @@ def attribute(
     memory: Callable[[int], float | None] = rss_of,
     cancelled: Callable[[], bool] = lambda: False,
     progress: Callable[[str, float], None] = lambda rung, fraction: None,
+    budget: float | None = None,
+    said: Callable[[str], None] = lambda line: None,
 ) -> Attribution:
-    """Climb the ladder for `pid` until a rung names suspects; record what each rung did."""
+    """Climb the ladder for `pid` until a rung names suspects; record what each rung did.
+
+    A tracking rung tracks for `duration` seconds; the whole climb keeps within `budget` seconds
+    (default: `duration`) plus the time to start and stop a tracker: a rung that fails hands the
+    rest of the budget, not a fresh one, to the next. `said` gets one line per rung that fails."""
     started = time.monotonic()
+    deadline = started + (duration if budget is None else max(budget, 0.0))
     opened: list[probe_client.ProbeClient] = []
     try:
-        return _climb(pid, duration, opened, use_memray, memory, cancelled, progress, started)
+        return _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progress, said, started)
     finally:
         for client in opened:
             client.close()
 
 
-def _climb(pid, duration, opened, use_memray, memory, cancelled, progress, started) -> Attribution:
+def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progress, said, started) -> Attribution:
     def connect():
         client, hello, why_not = _connect(pid)
         if client is not None:
             opened.append(client)
         return client, hello, why_not
 
-    def done(found: tuple[Suspect, ...], method: str | None, confidence: str) -> Attribution:
-        return Attribution(pid, found, tuple(rungs), method, confidence, time.monotonic() - started)
+    ran: list[tuple[float, float]] = []  # when trackers ran inside the process (also those that found nothing)
+    costs: list[dict] = []
+
+    def done(found: tuple[Suspect, ...], method: str | None, confidence: str, tracked: Tracked | None = None,
+             window: tuple[float, float] | None = None) -> Attribution:
+        if window is not None and window not in ran:
+            ran.append(window)
+        span = (min(w[0] for w in ran), max(w[1] for w in ran)) if ran else None
+        cost = tracked.cost if tracked else (costs[-1] if costs else {})
+        return Attribution(pid, found, tuple(rungs), method, confidence, time.monotonic() - started,
+                           times=tracked.times if tracked else (), sites=tracked.sites if tracked else (),
+                           window=span, cost=cost)
+
+    def failed(method: str, detail: str) -> None:
+        rungs.append(Rung(method, "failed", detail))
+        said(f"{method}: {detail}")
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
+    def tracking_left() -> float:  # the tracking rungs share `duration` seconds between them
+        return min(started + duration, deadline) - time.monotonic()
 
     rungs: list[Rung] = []
     client, hello, why_not = connect()
@@ -538,14 +711,15 @@ def _climb(pid, duration, opened, use_memray, memory, cancelled, progress, start
         progress("torch-history", 0.0)
         try:
             found = torch_history_suspects(
-                client, pid, duration, cancelled=cancelled, progress=lambda f: progress("torch-history", f)
+                client, pid, min(duration, max(0.1, left())), cancelled=cancelled,
+                progress=lambda f: progress("torch-history", f)
             )
         except (probe_client.ProbeError, AttachRefused) as exc:
-            rungs.append(Rung("torch-history", "failed", str(exc)))
+            failed("torch-history", str(exc))
             if not cancelled():
                 client, hello, why_not = connect()  # a failed request may have closed the connection
         except Exception as exc:  # a surprise in the probe's reply must not end the diagnosis
-            rungs.append(Rung("torch-history", "failed", f"{type(exc).__name__}: {exc}"))
+            failed("torch-history", f"{type(exc).__name__}: {exc}")
         else:
             if found:
                 rungs.append(Rung("torch-history", "used", f"{len(found)} allocation sites of CUDA memory still held"))
@@ -557,35 +731,82 @@ def _climb(pid, duration, opened, use_memray, memory, cancelled, progress, start
     if use_memray:
         progress("memray", 0.0)
         way = "in process through gpuscope's probe" if client is not None else "memray attach"
+        begun = time.time()
         try:
             if client is not None:
-                found = probe_memray_suspects(client, pid, duration, cancelled=cancelled)
+                tracked = probe_memray_suspects(client, pid, min(duration, max(0.1, left())), hello=hello,
+                                                cancelled=cancelled)
             else:
-                found = memray_suspects(pid, duration, cancelled=cancelled)
+                found = memray_suspects(pid, min(duration, max(1.0, left())), cancelled=cancelled)
+                tracked = Tracked(found, (), (), {"sees": "allocations made through malloc while attached"})
         except (AttachRefused, probe_client.ProbeError) as exc:
-            rungs.append(Rung("memray", "failed", f"{way}: {exc}" if client is not None else str(exc)))
+            failed("memray", f"{way}: {exc}" if client is not None else str(exc))
+            if client is not None and not cancelled():
+                client, hello, why_not = connect()
         except Exception as exc:  # a memray or file-format surprise must not end the diagnosis
-            rungs.append(Rung("memray", "failed", f"{way}: {type(exc).__name__}: {exc}"))
+            failed("memray", f"{way}: {type(exc).__name__}: {exc}")
         else:
-            if found:
-                rungs.append(Rung("memray", "used", f"{way}: {len(found)} allocation sites still holding memory"))
-                return done(found, "memray", "high")
+            window = (begun, time.time())
+            came = tracked.cost.get("from")
+            if tracked.suspects:
+                also = f" (memray from {came})" if came and came != "the service's environment" else ""
+                rungs.append(Rung("memray", "used", f"{way}: {len(tracked.suspects)} allocation sites still holding "
+                                  f"memory{also}; sees {tracked.cost.get('sees')}"))
+                return done(tracked.suspects, "memray", "high", tracked, window)
             rungs.append(Rung("memray", "failed", f"{way}: no allocation made while tracking is still alive"))
+            ran.append(window)
+            costs.append(tracked.cost)
+            if tracked.sites:  # nothing held at the end, but what was held over time is evidence
+                return done((), None, "none", tracked, window)
     else:
         rungs.append(Rung("memray", "skipped", "not requested (it runs code inside the process)"))
     if cancelled():
         return done((), None, "none")
-    # 3. stack sampling
+    # 3. tracemalloc, through the probe: the standard library, nothing installed in the service
+    if not use_memray:
+        rungs.append(Rung("tracemalloc", "skipped", "not requested (it runs code inside the process)"))
+    elif client is None:
+        rungs.append(Rung("tracemalloc", "skipped", why_not))
+    elif tracking_left() < 3.0:
+        rungs.append(Rung("tracemalloc", "skipped", "no tracking time left in --duration"))
+    else:
+        progress("tracemalloc", 0.0)
+        begun = time.time()
+        try:
+            tracked = probe_tracemalloc_suspects(client, pid, tracking_left(), cancelled=cancelled)
+        except probe_client.ProbeError as exc:
+            failed("tracemalloc", f"in process through gpuscope's probe: {exc}")
+        except Exception as exc:
+            failed("tracemalloc", f"in process through gpuscope's probe: {type(exc).__name__}: {exc}")
+        else:
+            window = (begun, time.time())
+            if tracked.suspects or tracked.sites:
+                rungs.append(Rung("tracemalloc", "used" if tracked.suspects else "failed",
+                                  f"in process through gpuscope's probe: {len(tracked.suspects)} allocation sites "
+                                  f"still holding memory; sees {TRACEMALLOC_SEES}"))
+                return done(tracked.suspects, "tracemalloc" if tracked.suspects else None,
+                            "medium" if tracked.suspects else "none", tracked, window)
+            ran.append(window)
+            costs.append(tracked.cost)
+            failed("tracemalloc", "no Python allocation made while tracing is still alive "
+                   f"({TRACEMALLOC_SEES.split(':')[1].strip()})")
+    if cancelled():
+        return done((), None, "none")
+    # 4. stack sampling, in what is left of the budget
+    if left() < 1.0:
+        rungs.append(Rung("stack-sampling", "skipped", "no time left in --duration"))
+        return done((), None, "none")
     progress("stack-sampling", 0.0)
     try:
-        found = sampling_suspects(
-            pid, duration, memory=memory, cancelled=cancelled, progress=lambda f: progress("stack-sampling", f)
+        found, count = sample_growth(
+            pid, left(), memory=memory, cancelled=cancelled, progress=lambda f: progress("stack-sampling", f)
         )
     except pyspy.PySpyError as exc:
-        rungs.append(Rung("stack-sampling", "failed", str(exc)))
+        failed("stack-sampling", str(exc))
         return done((), None, "none")
+    torn = f"; {count.failed} of {count.taken} dumps failed and were skipped" if count.failed else ""
     if not found:
-        rungs.append(Rung("stack-sampling", "failed", "memory did not grow while sampling"))
+        failed("stack-sampling", f"memory did not grow while sampling{torn}")
         return done((), None, "none")
-    rungs.append(Rung("stack-sampling", "used", "where the process was while its memory grew (low confidence)"))
+    rungs.append(Rung("stack-sampling", "used", f"where the process was while its memory grew (low confidence){torn}"))
     return done(found, "stack-sampling", "low")

@@ -10,12 +10,16 @@ source") rather than guessing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from gpuscope.core.allocations import Attribution
-from gpuscope.core.leak import LeakAssessment, LeakThresholds, assess
+from gpuscope.core.growth import floor_growth, theil_sen
+from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend
 from gpuscope.core.markdown import md_code, md_text
 from gpuscope.core.model import ProcessRow
+from gpuscope.core.profiles import is_model_stage, model_stages
 from gpuscope.core.serving_model import FleetRow, ServingSnapshot
 from gpuscope.core.stacks import Suspect, stack_json
 from gpuscope.core.units import format_bytes, format_rate
@@ -32,7 +36,8 @@ TITLES = (
     "Code path",
 )
 DEGRADED = 1.25  # a latency this much above its level at the start of the window is degrading
-STAGE_DOMINATES = 0.5  # a non-LLM stage taking this share of the request time is a bottleneck
+STAGE_DOMINATES = 0.5  # a stage other than the model's taking this share of the request time is a bottleneck
+INSTRUMENT_MARGIN_S = 0.5  # samples this close after a tracker stopped may still carry its memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,9 @@ class Evidence:
     reserved: Series | None = None
     nvml_status: str | None = None
     exited: bool = False
+    # When an allocation tracker ran inside the process, on the clock of `rss.times`: its own
+    # memory is in the RSS samples taken meanwhile, which the memory trend leaves out.
+    instrumented: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +107,11 @@ class Diagnosis:
     memory: LeakAssessment
     steps: tuple[Step, ...]
     suspects: tuple[Suspect, ...]
+    evidence: dict = field(default_factory=dict)  # which evidence decided, on which samples
+    instrument: dict = field(default_factory=dict)  # what the tracker inside the process cost
 
     def to_json(self) -> dict:
-        """DESIGN.md's gpuscope.diagnosis/1 object."""
+        """DESIGN.md's gpuscope.diagnosis/1 object (with "evidence" and "instrument" added)."""
         return {
             "schema": SCHEMA,
             "pid": self.pid,
@@ -118,6 +128,8 @@ class Diagnosis:
             },
             "steps": [s.to_json() for s in self.steps],
             "suspects": [s.to_json() for s in self.suspects],
+            "evidence": self.evidence,
+            "instrument": self.instrument,
         }
 
     def to_text(self) -> str:
@@ -130,8 +142,14 @@ class Diagnosis:
             f"verdict: **{md_text(self.verdict)}** ({md_text(self.pattern)}), {md_text(self.memory_source)} memory "
             f"{format_bytes(self.memory.start_bytes)} -> {format_bytes(self.memory.end_bytes)} over {self.duration_s:.0f} s, "
             f"{format_rate(self.memory.growth_bytes_per_s, na='-')} MB/s",
-            "",
         ]
+        if self.evidence:
+            lines.append(f"decided by: {md_text(self.evidence.get('decided_by', '?'))} "
+                         f"(confidence {self.evidence.get('confidence', 0):.0%}); "
+                         f"memory judged on {md_text(self.evidence.get('memory_samples', 'all samples'))}")
+        if self.instrument.get("method"):
+            lines.append(f"instrument: {md_text(_instrument_text(self.instrument))}")
+        lines.append("")
         for step in self.steps:
             lines.append(f"## {step.number}. {md_text(step.title)} [{mark.get(step.status, '?')}]")
             lines.append(md_text(step.finding, line_start=True))
@@ -145,6 +163,19 @@ class Diagnosis:
                 lines.append(f"{i}. {md_code(s.function)} ({md_code(f'{s.file}:{s.line}')}) {s.share * 100:.0f}% {size} "
                              f"[{md_text(s.method)}]")
         return "\n".join(lines).rstrip() + "\n"
+
+
+def _instrument_text(cost: dict) -> str:
+    parts = [f"{cost['method']} tracked for {cost.get('seconds') or 0:.0f} s"]
+    if cost.get("from") and cost["from"] != "the service's environment":
+        parts.append(f"loaded from {cost['from']}")
+    if cost.get("added_bytes") is not None:
+        parts.append(f"added {format_bytes(cost['added_bytes'])} to the RSS while tracking")
+    if cost.get("left_bytes") is not None:
+        parts.append(f"{format_bytes(cost['left_bytes'])} still there after")
+    if cost.get("sees"):
+        parts.append(f"sees {cost['sees']}")
+    return "; ".join(parts)
 
 
 def _int(v: float | None) -> int | None:
@@ -173,6 +204,69 @@ def _duration(seconds: float | None) -> str:
 
 def _rate(a: LeakAssessment | None) -> str:
     return f"{format_rate(a.growth_bytes_per_s if a else None, na='?')} MB/s"
+
+
+# -- what the instruments added ------------------------------------------------------------------
+
+
+def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tuple[Series, dict]:
+    """The samples of `series` taken while no tracker ran in the process, and what was done.
+
+    Samples inside a tracker's window (and `INSTRUMENT_MARGIN_S` after it) are left out and the
+    two stretches joined end to end (the detector's floors need a series without a hole): the
+    later stretch moves back in time by the length of the hole, and down by what it stands
+    above the earlier stretch's trend (Theil-Sen over pairs of samples within one stretch)
+    carried on to it — the growth during the hole, which no uninstrumented sample saw, and what
+    the tracker left behind (its module, heap the allocator keeps). The latter is reported."""
+    if not windows:
+        return series, {"memory_samples": "all samples (no tracker ran inside the process)"}
+    start = min(w[0] for w in windows)
+    end = max(w[1] for w in windows) + INSTRUMENT_MARGIN_S
+    pre = [(t, v) for t, v in zip(series.times, series.values) if v is not None and not math.isnan(v) and t < start]
+    post = [(t, v) for t, v in zip(series.times, series.values) if v is not None and not math.isnan(v) and t > end]
+    note: dict = {"memory_samples": f"{len(pre)} samples before the tracker ran and {len(post)} after it stopped",
+                  "excluded_s": [round(start, 1), round(end, 1)]}
+    if len(pre) < 2 or len(post) < 2:
+        kept = pre + post
+        return Series(tuple(t for t, _ in kept), tuple(v for _, v in kept)), note
+    floors = [_floors_of(seg, min(4.0, (seg[-1][0] - seg[0][0]) / 3) or 1.0) for seg in (pre, post)]
+    # The trend carried across the hole: each stretch's floor slope; where they disagree in sign
+    # none is trusted, else the gentler (a stretch just after a tracker may still be settling).
+    each = [theil_sen(seg) or 0.0 if len(seg) >= 2 else None for seg in floors]
+    known = [b for b in each if b is not None]
+    slope = 0.0 if not known or (len(known) == 2 and known[0] * known[1] <= 0) else min(known, key=abs)
+    step = statistics.median(b[0] - a[0] for seg in (pre, post) for a, b in zip(seg, seg[1:]))
+    hole = post[0][0] - pre[-1][0] - step
+    level = lambda i, shift=0.0: statistics.median(v - slope * (t - shift) for t, v in floors[i])  # noqa: E731
+    left = max(0.0, level(1) - level(0))  # above the trend line on the real clock: the tracker's
+    joined = max(0.0, level(1, hole) - level(0))  # above it once joined: the hole's growth too
+    note["tracker_left_bytes"] = int(left)
+    if left > 0:
+        note["memory_samples"] += f" (the {format_bytes(left)} the tracker left in the RSS taken out)"
+    times = [t for t, _ in pre] + [t - hole for t, _ in post]
+    values = [v for _, v in pre] + [v - joined for _, v in post]
+    return Series(tuple(times), tuple(values)), note
+
+
+def _floors_of(samples: list[tuple[float, float]], width_s: float = 4.0) -> list[tuple[float, float]]:
+    """The lowest sample of each `width_s` slice (batch buffers filled and freed leave the floor
+    where it is; the median of a stretch shorter than their cycle would not)."""
+    t0 = samples[0][0]
+    whole = int((samples[-1][0] - t0) // width_s)  # a last slice shorter than the others is left out
+    slices: dict[int, tuple[float, float]] = {}
+    for t, v in samples:
+        k = int((t - t0) // width_s)
+        if (k < whole or whole == 0) and (k not in slices or v < slices[k][1]):
+            slices[k] = (t, v)
+    return [slices[k] for k in sorted(slices)]
+
+
+def site_trends(att: Attribution | None, thresholds: LeakThresholds) -> list[tuple[object, HeldTrend]]:
+    """Each tracked site's held-bytes trend, rising sites first (fastest first)."""
+    if att is None or not att.times or not att.sites:
+        return []
+    trends = [(site, held_trend(att.times, site.held, thresholds)) for site in att.sites]
+    return sorted(trends, key=lambda st: (st[1].kind != "rising", -st[1].growth_bytes_per_s))
 
 
 # -- the seven steps -------------------------------------------------------------------------------
@@ -305,7 +399,10 @@ def step_backpressure(ev: Evidence) -> Step:
         if before and before.p95_s and st.p95_s and st.p95_s > DEGRADED * before.p95_s:
             slowing.append(f"{st.name} P95 {before.p95_s * 1000:.0f}→{st.p95_s * 1000:.0f} ms")
     busiest = max(end.stages, key=lambda st: st.share or 0.0)
-    bottleneck = busiest.name != "llm" and (busiest.share or 0.0) >= STAGE_DOMINATES
+    # The model's own stages (vLLM's prefill/decode, TGI's inference, the RAG pipeline's llm)
+    # taking the time is a service at work, not backpressure.
+    evidence["model_stages"] = list(model_stages(end.profile))
+    bottleneck = not is_model_stage(end.profile, busiest.name) and (busiest.share or 0.0) >= STAGE_DOMINATES
     shares = ", ".join(f"{st.name} {100 * (st.share or 0):.0f}%" for st in end.stages)
     if slowing or bottleneck:
         what = "; ".join(slowing) if slowing else f"{busiest.name} takes {100 * (busiest.share or 0):.0f}% of request time"
@@ -342,7 +439,7 @@ def step_classify(ev: Evidence, memory: LeakAssessment | None, source: str) -> t
     return Step(6, title, OK, f"Not a leak: {plain} — {memory.reason}.", evidence=evidence), "no-leak", memory.pattern
 
 
-def step_code_path(ev: Evidence, verdict: str) -> Step:
+def step_code_path(ev: Evidence, verdict: str, suspects: tuple[Suspect, ...] | None = None) -> Step:
     title = TITLES[6]
     att = ev.attribution
     if att is None:
@@ -350,16 +447,19 @@ def step_code_path(ev: Evidence, verdict: str) -> Step:
     evidence = {
         "method": att.method, "confidence": att.confidence,
         "rungs": [{"method": r.method, "status": r.status, "detail": r.detail} for r in att.rungs],
-        "stacks": [{"function": s.function, "frames": stack_json(s.stack)} for s in att.suspects[:5]],
+        "stacks": [{"function": s.function, "frames": stack_json(s.stack)} for s in (suspects or att.suspects)[:5]],
     }
-    if not att.suspects:
+    suspects = att.suspects if suspects is None else suspects
+    if not suspects:
         why = "; ".join(f"{r.method}: {r.detail}" for r in att.rungs if r.status != "used")
         return Step(7, title, WARN if verdict == "leak" else OK, f"No suspect named ({why}).", evidence=evidence)
-    top = att.suspects[0]
+    top = suspects[0]
     size = f", {format_bytes(top.bytes)} still held" if top.bytes is not None else ""
     how = {"memray": "memray's allocation tracking", "torch-history": "PyTorch's allocation history",
-           "stack-sampling": "stack sampling (low confidence: where the process was while memory grew)"}[top.method]
-    status = ALERT if verdict == "leak" and att.confidence == "high" else WARN
+           "tracemalloc": "tracemalloc (Python allocations only: native memory is not seen)",
+           "stack-sampling": "stack sampling (low confidence: where the process was while memory grew)"}.get(
+               top.method, top.method)
+    status = ALERT if verdict == "leak" and att.confidence in ("high", "medium") else WARN
     passed = [f"{r.method} {r.status}: {r.detail}" for r in att.rungs if r.status == "failed"]
     also = f" ({'; '.join(passed)})" if passed and att.confidence != "high" else ""
     return Step(7, title, status,
@@ -367,8 +467,38 @@ def step_code_path(ev: Evidence, verdict: str) -> Step:
                 f"Read {top.file}:{top.line}: what keeps what it allocates?", evidence)
 
 
+def _ranked_suspects(att: Attribution | None, rising: list) -> tuple[Suspect, ...]:
+    """The tracker's suspects, the sites whose held bytes kept rising first (fastest first): what
+    is still held at the end may be a large temporary caught alive; what keeps rising is not."""
+    if att is None:
+        return ()
+    order = {(site.function, site.file, site.line): i for i, (site, _) in enumerate(rising)}
+    if not order:
+        return att.suspects
+    return tuple(sorted(att.suspects, key=lambda s: order.get((s.function, s.file, s.line), len(order))))
+
+
+def _instrument(att: Attribution | None, note: dict) -> dict:
+    if att is None or att.window is None:
+        return {}
+    cost = dict(att.cost)
+    before, tracking, after = cost.pop("rss_before", None), cost.pop("rss_tracking", None), cost.pop("rss_after", None)
+    trackers = [r.method for r in att.rungs if r.status != "skipped" and r.method != "stack-sampling"]
+    method = att.method if att.method in trackers else ", ".join(trackers) or None
+    return {"method": method,
+            "seconds": round(att.window[1] - att.window[0], 1), **cost,
+            "rss_before": before, "rss_tracking": tracking, "rss_after": after,
+            "added_bytes": tracking - before if tracking is not None and before is not None else None,
+            "left_bytes": note.get("tracker_left_bytes")}
+
+
 def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Diagnosis:
-    """Run the seven steps over the evidence."""
+    """Run the seven steps over the evidence.
+
+    The memory trend is judged on the samples no tracker distorted (`uninstrumented`); the held
+    bytes per allocation site, where a tracker read them over time, are evidence of their own: a
+    site whose held bytes rise steadily to the end is a leak even where RSS is flat (the allocator
+    reuses freed heap, which hides a slow leak from RSS for minutes)."""
     device_step, _ = step_device(ev, thresholds)
     gpu_assessment = None
     torch = {}
@@ -376,9 +506,36 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         torch = {"allocated": ev.allocated.values, "reserved": ev.reserved.values}
     if ev.gpu is not None and ev.gpu.known():
         gpu_assessment = _assess(ev.gpu, thresholds, **torch)
-    host_step, rss_assessment = step_host(ev, thresholds, gpu_assessment)
+    rss, note = uninstrumented(ev.rss, ev.instrumented)
+    host_step, rss_assessment = step_host(replace(ev, rss=rss), thresholds, gpu_assessment)
+    if rss_assessment is not None and rss_assessment.growth_bytes_per_s is None and len(rss.known()) >= 4:
+        # Too short a stretch to judge (a short --duration less the tracking): its floor's slope is
+        # still the best measure of the growth there is.
+        valid = [(t, v) for t, v in zip(rss.times, rss.values) if v is not None]
+        rss_assessment = replace(rss_assessment, growth_bytes_per_s=floor_growth([t for t, _ in valid],
+                                                                                  [v for _, v in valid]))
     source, memory = ("gpu", gpu_assessment) if gpu_assessment is not None else ("rss", rss_assessment)
+    trends = site_trends(ev.attribution, thresholds)
+    rising = [(site, t) for site, t in trends if t.kind == "rising"]
     classify_step, verdict, pattern = step_classify(ev, memory, source)
+    decided = {"decided_by": "memory trend", "confidence": round(memory.confidence, 2) if memory else 0.0, **note}
+    if trends:
+        decided["sites"] = [{"function": site.function, "file": site.file, "line": site.line, "trend": t.kind,
+                             "growth_bytes_per_s": round(t.growth_bytes_per_s, 1), "held_bytes": site.held[-1]}
+                            for site, t in trends[:5]]
+    if rising and verdict == "leak":
+        decided["decided_by"] = "both"
+    elif rising and pattern not in ("cache-growth", "kv-cache-fill"):
+        site, t = rising[0]
+        verdict, pattern = "leak", "steady-growth"
+        decided.update(decided_by="allocation sites", confidence=round(t.confidence, 2))
+        classify_step = Step(6, TITLES[5], ALERT,
+                             f"A leak by its allocation sites: {site.function}'s {t.reason}, while the "
+                             f"{source.upper() if source == 'gpu' else 'RSS'} trend reads "
+                             f"{memory.pattern if memory else 'nothing'} (confidence {t.confidence:.0%}).",
+                             "Find the code path (step 7).", {**classify_step.evidence, "site": decided["sites"][0]})
+    elif trends and verdict != "leak" and any(t.kind == "levelled" for _, t in trends):
+        decided["decided_by"] = "both"  # the tracker saw a cache fill to its bound
     steps = (
         device_step,
         host_step,
@@ -386,7 +543,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         step_locate(ev, memory, source),
         step_backpressure(ev),
         classify_step,
-        step_code_path(ev, verdict),
+        step_code_path(ev, verdict, _ranked_suspects(ev.attribution, rising)),
     )
     empty = LeakAssessment("inconclusive", "insufficient-data", None, 0.0, None, None, None, None, 0, 0.0, "no data")
     return Diagnosis(
@@ -398,5 +555,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         memory_source=source,
         memory=memory or empty,
         steps=steps,
-        suspects=ev.attribution.suspects if ev.attribution else (),
+        suspects=_ranked_suspects(ev.attribution, rising),
+        evidence=decided,
+        instrument=_instrument(ev.attribution, note),
     )

@@ -1,6 +1,12 @@
 """Collecting the evidence for a diagnosis: watch one process (and its GPU, and the service)
 for a while, look for its allocation sites meanwhile, and hand the diagnosis engine what was seen.
 
+`duration` is the whole budget: the first 30 % is watched with nothing inside the process
+(samples the memory trend can be judged on), allocation trackers then run for at most 40 % of
+it (`TRACK_FRACTION`, at most `TRACK_MAX_S`), and the rest is watched again after the tracker has
+stopped and given its memory back. A rung that fails hands what is left of the budget to the next.
+The watch ends early when the process exits; what was gathered until then is diagnosed.
+
 Everything started here is stopped here (the node and serving sources, the attribution thread;
 the ladder itself never leaves anything attached to the target).
 """
@@ -12,6 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+import psutil
+
 from gpuscope.core import allocations
 from gpuscope.core.diagnosis import Evidence
 from gpuscope.core.model import Frame
@@ -20,6 +28,16 @@ from gpuscope.core.serving import ServingSource
 from gpuscope.core.serving_model import ServingSnapshot
 
 HISTORY_MARGIN_S = 5.0
+SAMPLE_INTERVAL_S = 0.5  # the trend is judged on half the window: twice a second keeps samples enough
+BEFORE_FRACTION = 0.3  # of the duration, watched before any tracker runs
+TRACK_FRACTION = 0.4  # of the duration, the longest the trackers run
+TRACK_MAX_S = 30.0
+STOP_GRACE_S = 4.0  # a tracker's reply (its capture read, its memory given back) may end this late
+
+
+def schedule(duration: float) -> tuple[float, float]:
+    """(seconds before tracking, seconds of tracking) for a diagnosis of `duration` seconds."""
+    return BEFORE_FRACTION * duration, min(TRACK_MAX_S, TRACK_FRACTION * duration)
 
 
 def investigate(
@@ -31,11 +49,11 @@ def investigate(
     progress: Callable[[str], None] = lambda line: None,
     stop: threading.Event | None = None,
 ) -> Evidence:
-    """Watch `pid` for `duration` seconds (1 sample/s) and look for its allocation sites."""
+    """Watch `pid` for `duration` seconds (2 samples/s) and look for its allocation sites."""
     stop = stop or threading.Event()
     frames: list[Frame] = []
     snapshots: list[ServingSnapshot] = []
-    node = NodeSource(interval=1.0, focus_pid=pid)
+    node = NodeSource(interval=SAMPLE_INTERVAL_S, focus_pid=pid)
     node.start(lambda f: frames.__setitem__(slice(None), [f]))
     if serving is not None:
         serving.start(snapshots.append)
@@ -45,30 +63,62 @@ def investigate(
         rows = [r for r in (frames[-1].processes if frames else ()) if r.pid == p and r.gpu_memory_bytes is not None]
         return float(sum(r.gpu_memory_bytes for r in rows)) if rows else allocations.rss_of(p)
 
+    before, track = schedule(duration) if use_memray else (0.0, duration)
     attribution: list = []
-    ladder = threading.Thread(
-        target=lambda: attribution.append(
-            allocations.attribute(pid, duration, use_memray=use_memray, memory=memory, cancelled=stop.is_set,
-                                  progress=lambda rung, f: None)
-        ),
-        name="gpuscope-attribution",
-        daemon=True,
-    )
+
+    def climb() -> None:
+        if stop.wait(before):
+            return
+        attribution.append(allocations.attribute(
+            pid, track, use_memray=use_memray, memory=memory, cancelled=stop.is_set,
+            budget=duration - before, progress=lambda rung, f: None, said=lambda line: progress(line)))
+
+    ladder = threading.Thread(target=climb, name="gpuscope-attribution", daemon=True)
     started = time.monotonic()
     progress(f"watching process {pid} for {duration:g} s and looking for its allocation sites…")
     ladder.start()
+    exited_after = None
     try:
-        stop.wait(duration + 0.5)
-        ladder.join(max(5.0, duration))  # memray's capture can end a moment after the window
+        while not stop.wait(0.5):
+            elapsed = time.monotonic() - started
+            if elapsed >= duration:
+                break
+            if not _alive(pid):
+                exited_after = elapsed
+                progress(f"process {pid} exited after {elapsed:.0f} s: diagnosing what was gathered until then")
+                break
+        ladder.join(STOP_GRACE_S if exited_after is None else 1.0)
     finally:
         stop.set()
+        ladder.join(STOP_GRACE_S)
         node.stop()
         if serving is not None:
             serving.stop()
     ok = [s for s in snapshots if s.ok]
+    evidence = node.evidence(pid, time.monotonic() - started + HISTORY_MARGIN_S)
+    att = attribution[0] if attribution else None
+    instrumented = ()
+    if att is not None and att.window is not None and frames:
+        now = frames[-1].time
+        instrumented = ((att.window[0] - now, att.window[1] - now),)
     return replace(
-        node.evidence(pid, time.monotonic() - started + HISTORY_MARGIN_S),
-        serving_start=ok[0] if ok else (snapshots[0] if snapshots else None),
+        evidence,
+        serving_start=first_measured(ok) if ok else (snapshots[0] if snapshots else None),
         serving_end=snapshots[-1] if snapshots else None,
-        attribution=attribution[0] if attribution else None,
+        attribution=att,
+        instrumented=instrumented,
+        exited=evidence.exited or exited_after is not None,
     )
+
+
+def first_measured(snapshots: list[ServingSnapshot]) -> ServingSnapshot:
+    """The earliest snapshot with latencies measured (a source's first read has no rates yet)."""
+    return next((s for s in snapshots if s.signals.e2e_latency_p95_s is not None
+                 or any(st.p95_s is not None for st in s.stages)), snapshots[0])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -886,6 +886,56 @@ def assess(
     return _with_torch(primary, side(allocated), side(reserved))
 
 
+# --- held bytes of one allocation site --------------------------------------------------------------
+
+HELD_MIN_RISE = 1e6  # bytes: a site must gain at least this much over the tracking window to count
+
+
+@dataclass(frozen=True)
+class HeldTrend:
+    """What the bytes one allocation site held over a tracking window look like.
+
+    - `kind`: "rising" (held bytes rise steadily to the end: a leak, whatever RSS shows, since
+      the tracker sees what the allocator's reuse of freed heap hides), "levelled" (they rose,
+      then stopped: a cache filling up to its bound), "balanced" (what is allocated is freed),
+      or "insufficient-data".
+    - `growth_bytes_per_s`: the Theil-Sen slope of the held bytes; `confidence` in [0, 1].
+    """
+
+    kind: str
+    growth_bytes_per_s: float
+    confidence: float
+    reason: str
+
+
+def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakThresholds = LeakThresholds()) -> HeldTrend:
+    """Judge one site's held bytes over time (memory allocated since tracking began, still held).
+
+    There is no sample noise to beat here (the tracker counts bytes exactly): what matters is
+    that the rise is steady (Kendall's tau), lasts to the end (the last half of the window rises
+    at least 40 % as fast as the whole), and adds up (`HELD_MIN_RISE`, `min_rate`)."""
+    points = [(t, float(v)) for t, v in zip(times, held)]
+    if len(points) < 4 or points[-1][0] - points[0][0] < 2.0:
+        return HeldTrend("insufficient-data", 0.0, 0.0, f"held bytes read at only {len(points)} times")
+    slope = theil_sen(points) or 0.0
+    tau = _kendall(points)
+    half = len(points) // 2
+    late = theil_sen(points[half:]) or 0.0
+    early = theil_sen(points[: half + 1]) or 0.0
+    rise = points[-1][1] - points[0][1]
+    peak = max(v for _, v in points)
+    span = points[-1][0] - points[0][0]
+    confidence = max(tau, 0.0) * min(1.0, len(points) / 10)
+    if (rise >= HELD_MIN_RISE and slope >= thresholds.min_rate and tau >= 0.6 and late >= 0.4 * slope):
+        return HeldTrend("rising", slope, confidence,
+                         f"held bytes rose {_rate(slope)} steadily for {_duration(span)} (to {_size(points[-1][1])})")
+    if peak - points[0][1] >= HELD_MIN_RISE and early > 0 and late < 0.25 * early:
+        return HeldTrend("levelled", late, confidence or 0.5,
+                         f"held bytes rose to {_size(peak)}, then levelled off (a cache filling to its bound)")
+    return HeldTrend("balanced", slope, 1 - abs(tau) / 2,
+                     f"held bytes at {_size(points[-1][1])}, not rising steadily")
+
+
 # --- live -----------------------------------------------------------------------------------------
 
 

@@ -425,12 +425,20 @@ class ProbeClient:
         args = {k: v for k, v in (("before", before), ("after", after), ("limit", limit)) if v is not None}
         return self.request("diff", timeout=60.0, **args)
 
-    def memray_track(self, seconds: float, *, limit: int | None = None,
-                     cancelled: Callable[[], bool] = lambda: False) -> dict:
+    def memray_track(self, seconds: float, *, limit: int | None = None, interval: float | None = None,
+                     memray_path: str | None = None, cancelled: Callable[[], bool] = lambda: False) -> dict:
         args: dict[str, object] = {"seconds": seconds}
+        for name, value in (("limit", limit), ("interval", interval), ("memray_path", memray_path)):
+            if value is not None:
+                args[name] = value
+        return self.request("memray_track", timeout=seconds + 60.0, cancelled=cancelled, **args)
+
+    def tracemalloc_track(self, seconds: float, *, interval: float = 1.0, limit: int | None = None,
+                          cancelled: Callable[[], bool] = lambda: False) -> dict:
+        args: dict[str, object] = {"seconds": seconds, "interval": interval}
         if limit is not None:
             args["limit"] = limit
-        return self.request("memray_track", timeout=seconds + 60.0, cancelled=cancelled, **args)
+        return self.request("tracemalloc_track", timeout=seconds + 60.0, cancelled=cancelled, **args)
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:

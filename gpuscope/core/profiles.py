@@ -96,6 +96,7 @@ class Profile:
     kv_cache: tuple[MetricRef, ...] = ()  # gauges: KV-cache usage, 0-1
     stages: tuple[StageSource, ...] = ()  # all present sources contribute; the first wins a name
     stage_order: tuple[str, ...] = ()  # how to list known stages (pipeline order); others sorted
+    model_stages: tuple[str, ...] = ()  # the stages that are the model at work (shell patterns)
 
     def refs(self) -> Iterable[tuple[str, MetricRef]]:
         """(kind, ref) of every metric this profile may read; kind: histogram/counter/gauge."""
@@ -134,6 +135,7 @@ BUILTIN_PROFILES: tuple[Profile, ...] = (
             ("decode", "vllm:request_decode_time_seconds"),
         ),
         stage_order=("queue", "prefill", "decode"),
+        model_stages=("prefill", "decode"),
     ),
     Profile(
         "sglang",
@@ -147,6 +149,8 @@ BUILTIN_PROFILES: tuple[Profile, ...] = (
         queue=_refs("sglang:num_queue_reqs"),
         kv_cache=_refs("sglang:token_usage"),
         stages=(StageSource(MetricRef.of("sglang:per_stage_req_latency_seconds"), label="stage"),),
+        # The stage label names the scheduler's phases: the forward passes are the model's.
+        model_stages=("*forward*", "prefill", "decode"),
     ),
     Profile(
         "tgi",
@@ -164,6 +168,7 @@ BUILTIN_PROFILES: tuple[Profile, ...] = (
             ("inference", "tgi_request_inference_duration"),
         ),
         stage_order=("validation", "queue", "inference"),
+        model_stages=("inference",),
     ),
     Profile(
         "triton",
@@ -205,9 +210,20 @@ BUILTIN_PROFILES: tuple[Profile, ...] = (
             StageSource(MetricRef.of("vector_search_latency_seconds"), name="retriever"),
         ),
         stage_order=("retriever", "reranker", "llm"),
+        model_stages=("llm",),
     ),
     Profile("dcgm", detect=("DCGM_FI_*",)),
 )
+
+
+def model_stages(profile: str | None) -> tuple[str, ...]:
+    """The stage-name patterns that are the model's own work in a built-in profile (() if none)."""
+    found = next((p for p in BUILTIN_PROFILES if p.name == profile), None)
+    return found.model_stages if found is not None else ()
+
+
+def is_model_stage(profile: str | None, stage: str) -> bool:
+    return any(fnmatchcase(stage, pattern) for pattern in model_stages(profile))
 
 
 # -- which sample names a metric covers -------------------------------------------------------------

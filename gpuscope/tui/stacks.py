@@ -220,7 +220,7 @@ class SuspectsScreen(CodePathScreen):
         self.seconds = ATTRIBUTION_SECONDS if seconds is None else seconds
 
     def on_mount(self) -> None:
-        ladder = "memray, then stack sampling" if self.use_memray else "stack sampling only"
+        ladder = "memray, then tracemalloc, then stack sampling" if self.use_memray else "stack sampling only"
         self.status(f"watching process {self.pid} for {self.seconds:g} s ({ladder})… (Esc cancels)")
         self.read()
 
@@ -296,7 +296,7 @@ class ConfirmAttach(ModalScreen[str | None]):
                 f"[b]Find the code that allocates memory that stays in PID {self.pid}[/b]\n\n"
                 "memray tracks allocations from inside the process: attaching it runs code in the service "
                 "(through gdb before Python 3.14). gpuscope first tries the same on a throwaway process and "
-                "refuses if that is harmed.\n\n"
+                f"refuses if that is harmed. {allocations.TRACKING_COST}.\n\n"
                 "  y  attach memray for 10 s, fall back to stack sampling\n"
                 "  s  stack sampling only (nothing runs inside the service; low confidence)\n"
                 "  Esc  cancel"
