@@ -4,15 +4,12 @@ systemd unit through `systemd-analyze verify` where systemd is there."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
 import yaml
 
-from helpers import ROOT, gpuscope_cmd
+from helpers import ROOT, gpuscope_cmd, require_tool
 
 DEPLOY = ROOT / "deploy"
 KUBERNETES = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
@@ -63,9 +60,7 @@ def test_the_daemonset_runs_unprivileged_on_the_hosts_pids():
 
 
 def test_systemd_unit_verifies(tmp_path):
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
+    analyze = require_tool("systemd-analyze")
     unit = (DEPLOY / "systemd" / "gpuscope-exporter.service").read_text()
     installed = gpuscope_cmd()[0]
     assert "ExecStart=/usr/local/bin/gpuscope " in unit
