@@ -6,6 +6,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import threading
 import sys
 import time
 import uuid
@@ -105,3 +106,15 @@ class Tmux:
 
     def close(self) -> None:
         subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+
+
+def run_together(jobs: dict, timeout: float = 120.0) -> dict:
+    """Call each of `jobs` (key -> function of no argument) in a thread of its own, all at once;
+    their results by key (a job still running after `timeout` is left out)."""
+    results: dict = {}
+    threads = [threading.Thread(target=lambda k=key, job=job: results.__setitem__(k, job())) for key, job in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return results

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from gpuscope.core.diagnosis import diagnose
 from gpuscope.core.investigation import investigate
 
-from helpers import gpuscope_cmd, wait_until
+from helpers import gpuscope_cmd, run_together, wait_until
 
 WINDOW_S = 30.0  # the default --duration
 
@@ -160,15 +159,9 @@ def diagnoses(tmp_path_factory):
     names = list(PROGRAMS)
     for batch in (names[:5], names[5:]):
         procs = {name: start(tmp, name, PROGRAMS[name][0]) for name in batch}
-        threads = [
-            threading.Thread(target=lambda n=name, p=proc: results.__setitem__(n, diagnose(investigate(p.pid, WINDOW_S))))
-            for name, proc in procs.items()
-        ]
         try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(120)
+            results.update(run_together({name: lambda p=proc: diagnose(investigate(p.pid, WINDOW_S))
+                                         for name, proc in procs.items()}))
         finally:
             for proc in procs.values():
                 proc.kill()
@@ -224,20 +217,15 @@ def test_duration_is_the_whole_budget_and_a_bounded_cache_is_no_leak_shorter_or_
     """--duration 10 and 45 on the bounded cache, at the same time: each takes its duration and
     a few seconds to start and stop, and neither calls the cache a leak."""
     procs = [start(tmp_path, f"cache{n}", BOUNDED_CACHE) for n in (10, 45)]
-    results = {}
 
-    def run(duration: int, proc: subprocess.Popen) -> None:
+    def run(duration: int, proc: subprocess.Popen) -> tuple[float, subprocess.CompletedProcess]:
         began = time.monotonic()
         out = subprocess.run(gpuscope_cmd() + ["diagnose", "--pid", str(proc.pid), "--duration", str(duration),
                                                "--json"], capture_output=True, text=True, timeout=duration + 60)
-        results[duration] = (time.monotonic() - began, out)
+        return time.monotonic() - began, out
 
-    threads = [threading.Thread(target=run, args=(d, p)) for d, p in zip((10, 45), procs)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        results = run_together({d: lambda d=d, p=p: run(d, p) for d, p in zip((10, 45), procs)})
     finally:
         for proc in procs:
             proc.kill()

@@ -10,14 +10,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import threading
 
 import pytest
 
 from gpuscope.core.diagnosis import diagnose
 from gpuscope.core.investigation import investigate
 
-from helpers import gpuscope_cmd
+from helpers import gpuscope_cmd, run_together
 
 pytest.importorskip("faiss")
 pytest.importorskip("tokenizers")
@@ -90,17 +89,11 @@ def run_batch(tmp_path, remember: bool) -> dict:
         script.write_text(textwrap.dedent(code).replace("REMEMBER", str(remember)))
         procs[name] = subprocess.Popen(gpuscope_cmd() + ["run", "--", sys.executable, str(script)],
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    results = {}
     try:
         for name, proc in procs.items():
             line = proc.stdout.readline().strip()
             assert line == "ready", (name, proc.stderr.read() if proc.poll() is not None else "")
-        threads = [threading.Thread(target=lambda n=n, p=p: results.__setitem__(n, diagnose(investigate(p.pid, DEFAULT_DURATION_S))))
-                   for n, p in procs.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        results = run_together({n: lambda p=p: diagnose(investigate(p.pid, DEFAULT_DURATION_S)) for n, p in procs.items()})
     finally:
         for proc in procs.values():
             proc.kill()

@@ -21,8 +21,8 @@ from gpuscope.core.exporter import choose_exported, parse_cgroup
 from gpuscope.core.host import HostProcess
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.rules import render_rules
-from helpers import fake_nvml_env, gpuscope_cmd, require_tool, wait_until
-from test_prometheus import Prometheus, _ready, free_port
+from helpers import fake_nvml_env, gpuscope_cmd, wait_until
+from test_prometheus import free_port, prometheus_with_config
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 FAST_LEAKER = """
@@ -71,29 +71,14 @@ def _answers(url: str) -> bool:
 
 @contextlib.contextmanager
 def prometheus_with_rules(tmp: Path, targets: dict[str, str], rules: str):
-    binary = require_tool("prometheus")
     (tmp / "rules.yml").write_text(rules)
-    (tmp / "prometheus.yml").write_text(
+    config = (
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
         f"rule_files: [{tmp / 'rules.yml'}]\nscrape_configs:\n  - job_name: gpuscope\n    static_configs:\n"
         + "".join(f"      - targets: ['{target}']\n        labels: {{host: {name}}}\n" for name, target in targets.items())
     )
-    port = free_port()
-    proc = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    prom = Prometheus(f"http://127.0.0.1:{port}", tmp / "data")
-    try:
-        wait_until(lambda: _ready(prom) or proc.poll() is not None, timeout=30, what="Prometheus to be ready")
-        assert proc.poll() is None, "prometheus exited at start"
+    with prometheus_with_config(tmp, config) as prom:
         yield prom
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -79,11 +79,19 @@ class Prometheus:
 def running_prometheus(tmp: Path, jobs: Sequence[tuple[str, str, str]]) -> Iterator[Prometheus]:
     """Prometheus (Debian's package) on a free loopback port, scraping each (job, metrics path,
     host:port) every second with its own default Accept header; stopped afterwards."""
-    binary = require_tool("prometheus")
     config = "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n" + "".join(
         f"  - job_name: {job}\n    metrics_path: {path}\n    static_configs: [{{targets: ['{target}']}}]\n"
         for job, path, target in jobs
     )
+    with prometheus_with_config(tmp, config) as prom:
+        yield prom
+
+
+@contextlib.contextmanager
+def prometheus_with_config(tmp: Path, config: str) -> Iterator[Prometheus]:
+    """Prometheus (Debian's package) with this prometheus.yml, on a free loopback port, its data
+    in `tmp`; stopped afterwards."""
+    binary = require_tool("prometheus")
     (tmp / "prometheus.yml").write_text(config)
     port = free_port()
     proc = subprocess.Popen(

@@ -553,23 +553,6 @@ def rss_of(pid: int) -> float | None:
             return None
 
 
-def sampling_suspects(
-    pid: int,
-    duration: float,
-    *,
-    interval: float = 0.2,
-    memory: Callable[[int], float | None] = rss_of,
-    cancelled: Callable[[], bool] = lambda: False,
-    progress: Callable[[float], None] = lambda fraction: None,
-) -> tuple[Suspect, ...]:
-    """py-spy dumps taken while memory grows, each stack weighted by the growth since the last look.
-
-    Low confidence by nature: a function that allocates quickly and returns is rarely caught on a
-    stack, so this ranks where the process was *while* memory grew, not what allocated it.
-    """
-    return sample_growth(pid, duration, interval=interval, memory=memory, cancelled=cancelled, progress=progress)[0]
-
-
 @dataclass(frozen=True, slots=True)
 class SamplingCount:
     """How many py-spy dumps the sampling rung took, and how many of them failed (torn)."""
@@ -588,9 +571,13 @@ def sample_growth(
     cancelled: Callable[[], bool] = lambda: False,
     progress: Callable[[float], None] = lambda fraction: None,
 ) -> tuple[tuple[Suspect, ...], SamplingCount]:
-    """`sampling_suspects`, and how many dumps failed. A dump that fails (a torn stack: py-spy
-    read a thread while it changed) is skipped and counted; the rung fails (PySpyError) only when
-    the process is gone or refuses us, or when most dumps failed."""
+    """py-spy dumps taken while memory grows, each stack weighted by the growth since the last look,
+    and how many dumps failed.
+
+    Low confidence by nature: a function that allocates quickly and returns is rarely caught on a
+    stack, so this ranks where the process was *while* memory grew, not what allocated it. A dump
+    that fails (a torn stack: py-spy read a thread while it changed) is skipped and counted; the
+    rung fails (PySpyError) only when the process is gone or refuses us, or when most dumps failed."""
     roots = pyspy.own_roots(pid)
     weighted: list[tuple[tuple[StackFrame, ...], float, int]] = []
     before = memory(pid)
