@@ -6,7 +6,7 @@ journal whose recording was killed, a truncated copy) gives what could be read, 
 much was lost in `damage`.
 
 Anyone may have written the file, so every record is checked on the way in, field by field
-(gpuscope.core.codec's types, and FIELD_CHECKS by name): a record that does not hold what gpuscope writes
+(gpuscope.core.session.codec's types, and FIELD_CHECKS by name): a record that does not hold what gpuscope writes
 (a device without its index, a string where a number belongs, a time that is not a time, a PID
 that is not a positive whole number, a record that inflates past its limit) is skipped and
 counted in `damage` ("skipped 3 damaged records (...)"). What replay and report are given has
@@ -29,13 +29,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpuscope.core import journal
 from gpuscope.core.allocations import Attribution
 from gpuscope.core.atomic import kind_of
-from gpuscope.core.codec import DecodeError, Decoder
 from gpuscope.core.diagnosis import Diagnosis
 from gpuscope.core.model import Frame, MemorySeries, ProcessRow
 from gpuscope.core.serving_model import ServingSnapshot, SignalPoint
+from gpuscope.core.session.codec import DecodeError, Decoder
+from gpuscope.core.session.findings import Findings
+from gpuscope.core.session.format import FORMAT, KEYFRAME_EVERY, SCHEMA, TABLES, FrameRebuilder, reject_constant, unpack
 from gpuscope.core.stacks import StackDump, StackSample
 
 EVENT_TYPES: dict[str, type] = {
@@ -130,12 +131,15 @@ class Recording:
         self.skipped: Counter = Counter(skipped or {})  # damaged records left out, by table
         self.serving = serving
         self.events = events
+        self.findings = Findings()  # every stack dump, allocation-site search and diagnosis, in order
+        for e in events:
+            self.findings.add(e.kind, e.value, e.time)
         self.times: list[float] = []
         self._records: list[tuple[bool, bytes]] = []
         self._keyframes: list[int] = []
         self.processes: dict[int, ProcessSeries] = {}
         self.devices: dict[int, tuple[list[float], list[float | None]]] = {}
-        self._cursor: tuple[int, journal.FrameRebuilder, dict] | None = None  # the last frame rebuilt
+        self._cursor: tuple[int, FrameRebuilder, dict] | None = None  # the last frame rebuilt
         self._load(records)
         self._serving_times = [s.time for s in serving]
         self.damage = describe_damage(cut_short, self.skipped)
@@ -143,7 +147,7 @@ class Recording:
     # -- loading ---------------------------------------------------------------------------------
 
     def _load(self, records: list[tuple]) -> None:
-        rebuild = journal.FrameRebuilder()
+        rebuild = FrameRebuilder()
         started = False
         for t, keyframe, blob in records:
             if not started and keyframe != 1:
@@ -152,13 +156,13 @@ class Recording:
             try:
                 if not is_time(t) or keyframe not in (0, 1):
                     raise ValueError("not a frame row")
-                record = journal.unpack(blob)
+                record = unpack(blob)
                 data = rebuild.apply(keyframe == 1, record)
                 _check_frame(data, record, rebuild, keyframe == 1)
             except ValueError:  # DecodeError among them
                 self.skipped["frames"] += 1
                 started = False  # deltas need what came before them: wait for the next keyframe
-                rebuild = journal.FrameRebuilder()
+                rebuild = FrameRebuilder()
                 continue
             started = True
             self.times.append(t)
@@ -220,15 +224,15 @@ class Recording:
 
     def _rebuild(self, i: int) -> dict:
         # Playing forward reuses the last rebuilt frame; a jump starts from the keyframe before.
-        if self._cursor is not None and self._cursor[0] <= i <= self._cursor[0] + journal.KEYFRAME_EVERY:
+        if self._cursor is not None and self._cursor[0] <= i <= self._cursor[0] + KEYFRAME_EVERY:
             at, rebuild, data = self._cursor
         else:
             at = self._keyframes[bisect.bisect_right(self._keyframes, i) - 1] - 1
-            rebuild, data = journal.FrameRebuilder(), {}
+            rebuild, data = FrameRebuilder(), {}
         while at < i:
             at += 1
             keyframe, blob = self._records[at]
-            data = rebuild.apply(keyframe, journal.unpack(blob))  # checked when the file was opened
+            data = rebuild.apply(keyframe, unpack(blob))  # checked when the file was opened
         self._cursor = (i, rebuild, data)
         return data
 
@@ -266,6 +270,11 @@ class Recording:
         lo = bisect.bisect_left(self._serving_times, t - history_s)
         points = tuple(SignalPoint(time=s.time, signals=s.signals) for s in self.serving[lo : i + 1] if s.ok)
         return replace(self.serving[i], history=points)
+
+    @property
+    def subject(self) -> int | None:
+        """The process the session was recorded for (`snapshot --pid`, `gpuscope --pid`), if any."""
+        return self.meta.get("pid")
 
     def events_of(self, kind: str, pid: int | None = None, until: float | None = None) -> list[Event]:
         return [
@@ -413,7 +422,6 @@ def _hardened(conn: sqlite3.Connection) -> sqlite3.Connection:
     return conn
 
 
-TABLES = ("meta", "frames", "serving", "events")
 
 
 def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
@@ -463,7 +471,7 @@ def _meta(conn: sqlite3.Connection, path: Path, skipped: Counter) -> dict:
         try:
             if not isinstance(key, str) or not isinstance(text, str):
                 raise ValueError("not text")
-            value = json.loads(text, parse_constant=journal.reject_constant)
+            value = json.loads(text, parse_constant=reject_constant)
         except (ValueError, RecursionError):
             skipped["meta"] += 1
             continue
@@ -472,15 +480,15 @@ def _meta(conn: sqlite3.Connection, path: Path, skipped: Counter) -> dict:
             skipped["meta"] += 1
             continue
         meta[key] = value
-    if meta.get("format") != journal.FORMAT:
+    if meta.get("format") != FORMAT:
         raise RecordingError(f"{path}: an SQLite file, but not a gpuscope snapshot or journal")
     schema = meta.get("schema")
     if not isinstance(schema, int):
         raise RecordingError(f"{path}: damaged: its schema version is missing")
-    if schema > journal.SCHEMA:
+    if schema > SCHEMA:
         raise RecordingError(
             f"{path}: written by a newer gpuscope ({meta.get('gpuscope_version', '?')}, schema {schema}; "
-            f"this one reads schema {journal.SCHEMA}): upgrade gpuscope to replay it"
+            f"this one reads schema {SCHEMA}): upgrade gpuscope to replay it"
         )
     return meta
 
@@ -499,12 +507,12 @@ def _rows(conn: sqlite3.Connection, query: str) -> tuple[list[tuple], str | None
 def _decoded(cls: type, blob: bytes):
     """The record `blob` as a checked `cls`, or None when it is damaged."""
     try:
-        return checked(cls, journal.unpack(blob))
+        return checked(cls, unpack(blob))
     except ValueError:  # DecodeError among them
         return None
 
 
-def _check_frame(data: dict, record: dict, rebuild: journal.FrameRebuilder, keyframe: bool) -> None:
+def _check_frame(data: dict, record: dict, rebuild: FrameRebuilder, keyframe: bool) -> None:
     """ValueError unless the rebuilt frame `data` decodes into a Frame that passes the checks.
 
     Only the rows this record changed are decoded (the others passed when they last changed),
