@@ -218,6 +218,7 @@ async def test_an_export_that_fails_says_why(tmp_path, monkeypatch):
     journal = Journal(None)
     journal.close()  # the journal cannot take the export any more
     app = GpuScopeApp(FakeSource(frame()), journal=journal)
+    monkeypatch.setattr(GpuScopeApp, "call_from_thread", lambda *a, **k: (_ for _ in ()).throw(AssertionError("waited on the UI")))
     said = []
     async with app.run_test(size=(120, 40)) as pilot:
         monkeypatch.setattr(app, "notify", lambda message, **kw: said.append(message))

@@ -33,6 +33,10 @@ def step_text(app) -> str:
     return app.screen.query_one("#step", TextLines).text.plain
 
 
+def never_wait_on_the_ui(*args, **kwargs):
+    raise AssertionError("a worker waited on the UI (call_from_thread) instead of posting a message")
+
+
 async def wait_for(pilot, condition, timeout=20.0):
     deadline = time.monotonic() + timeout
     while not condition():
@@ -81,6 +85,7 @@ async def test_step_7_asks_then_finds_the_suspect_and_enter_shows_its_stack(monk
         return FOUND
 
     monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
+    monkeypatch.setattr(GpuScopeApp, "call_from_thread", never_wait_on_the_ui)
     app = GpuScopeApp(FakeSource(frame()))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
