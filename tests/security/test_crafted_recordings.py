@@ -382,7 +382,7 @@ def test_a_console_crash_shows_no_local_variables(tmp_path):
         "from frames import FakeSource, frame\n"
         "from gpuscope.tui.app import GpuScopeApp\n"
         "class Crashing(FakeSource):\n"
-        "    def start(self, on_frame):\n"
+        "    def start(self, on_frame, on_sample=None):\n"
         "        hostile = '-'.join(['HOSTILE', 'LOCAL'])\n"
         "        raise RuntimeError('the source broke')\n"
         "GpuScopeApp(Crashing(frame())).run(headless=True)\n"
