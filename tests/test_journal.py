@@ -97,7 +97,7 @@ def test_an_export_is_a_private_snapshot_of_the_range(tmp_path):
     assert [rec.frame(i) for i in range(len(rec))] == frames[65:111]
     first = sqlite3.connect(target).execute("SELECT keyframe FROM frames ORDER BY rowid LIMIT 1").fetchone()
     assert first == (1,)  # the snapshot starts on a keyframe even though the range did not
-    [event] = rec.events_of("stacks", 4242)
+    [event] = rec.findings.of("stacks", 4242)
     assert event.time == T0 + 80 and event.value.threads[0].frames[0].function == "handle"
     # Local variables can hold secrets: never recorded, so never exported.
     assert event.value.threads[0].frames[0].locals == ()
@@ -114,7 +114,7 @@ def test_findings_are_recorded_with_their_types(tmp_path):
     with pytest.raises(ValueError):
         j.event("not-a-kind", found)
     j.close()
-    [event] = open_recording(path).events_of("allocations", 4242)
+    [event] = open_recording(path).findings.of("allocations", 4242)
     assert event.value == found
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from dataclasses import replace
 
@@ -22,6 +24,7 @@ from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.processes import ProcessTable
 
 from frames import T0, FakeSource, frame
+from helpers import gpuscope_cmd
 
 FOUND = Attribution(
     pid=4242,
@@ -173,3 +176,26 @@ async def test_holding_down_over_the_table_records_no_extra_frames(tmp_path):
     exported = journal.export(tmp_path / "s.gpuscope").result(timeout=10)
     journal.close()
     assert len(open_recording(exported)) == host.scans  # one frame a sample, however often it was shown
+
+
+def test_snapshot_pid_end_to_end(tmp_path, spawn_python):
+    """`gpuscope snapshot --pid P`: P is the subject, and its stack dump is within the frames."""
+    child = spawn_python("""
+        import time
+        def waiting():
+            print("ready", flush=True)
+            time.sleep(120)
+        waiting()
+    """)
+    out = tmp_path / "p.gpuscope"
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    done = subprocess.run([*gpuscope_cmd(), "snapshot", "--pid", str(child.pid), "--duration", "2", "-o", str(out)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    rec = open_recording(out)
+    assert rec.subject == child.pid
+    dumps = rec.findings.of("stacks", child.pid)
+    if "no stack dump" not in done.stderr:  # py-spy may be refused where ptrace is
+        assert dumps and dumps[-1].time <= rec.end
+    report = build_report(rec)
+    assert f"in PID {child.pid}" in report

@@ -217,7 +217,7 @@ def test_damaged_serving_events_and_metadata_are_skipped_and_counted(tmp_path):
                (T0 + 3, b"garbage"), good_serving(4)]
     meta = {"pid": "abc", "hostname": 7, "kind": "rootkit", "started": "yesterday"}
     rec = open_recording(write(tmp_path / "s.gpuscope", good_frames(), serving=serving, events=events, meta=meta))
-    assert len(rec) == FRAMES and len(rec.events) == 3 and len(rec.serving) == 2
+    assert len(rec) == FRAMES and len(rec.findings) == 3 and len(rec.serving) == 2
     assert rec.damage == "skipped 14 damaged records (meta 4, serving 3, events 7)", rec.damage
     assert "pid" not in rec.meta and rec.kind == "journal" and rec.hostname == "gpu-node-7"
     consume(rec)

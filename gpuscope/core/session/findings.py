@@ -47,6 +47,9 @@ class Findings:
         with self._lock:
             self._items.append(Finding(t, kind, value))
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def of(self, kind: str, pid: int | None = None, until: float | None = None) -> list[Finding]:
         """Every `kind` finding (of `pid`, up to `until`), oldest first."""
         with self._lock:

@@ -112,28 +112,18 @@ class ProcessSeries:
     reserved: list[float | None] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Event:
-    time: float
-    kind: str
-    value: Any
-
-
 class Recording:
     """A session file, loaded: frame times, every process's memory series, serving, events."""
 
     def __init__(self, path: Path, meta: dict, records: list[tuple], serving: list[ServingSnapshot],
-                 events: list[Event], *, cut_short: str | None = None, skipped: Counter | None = None) -> None:
+                 findings: Findings, *, cut_short: str | None = None, skipped: Counter | None = None) -> None:
         self.path = path
         self.meta = meta
         self.kind = meta.get("kind", "journal")
         self.hostname = meta.get("hostname", "?")
         self.skipped: Counter = Counter(skipped or {})  # damaged records left out, by table
         self.serving = serving
-        self.events = events
-        self.findings = Findings()  # every stack dump, allocation-site search and diagnosis, in order
-        for e in events:
-            self.findings.add(e.kind, e.value, e.time)
+        self.findings = findings  # every stack dump, hot-path sample, allocation-site search and diagnosis
         self.times: list[float] = []
         self._records: list[tuple[bool, bytes]] = []
         self._keyframes: list[int] = []
@@ -276,11 +266,6 @@ class Recording:
         """The process the session was recorded for (`snapshot --pid`, `gpuscope --pid`), if any."""
         return self.meta.get("pid")
 
-    def events_of(self, kind: str, pid: int | None = None, until: float | None = None) -> list[Event]:
-        return [
-            e for e in self.events
-            if e.kind == kind and (until is None or e.time <= until) and (pid is None or getattr(e.value, "pid", None) == pid)
-        ]
 
 
 # -- opening -------------------------------------------------------------------------------------
@@ -331,15 +316,15 @@ def open_recording(path: str | Path) -> Recording:
             skipped["serving"] += 1
         else:
             serving.append(snapshot)
-    events = []
+    findings = Findings()
     for t, kind, blob in event_rows:
         cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
         value = _decoded(cls, blob) if cls and is_time(t) else None
         if value is None:
             skipped["events"] += 1
         else:
-            events.append(Event(t, kind, value))
-    recording = Recording(path, meta, records, serving, events, cut_short=cut_short, skipped=skipped)
+            findings.add(kind, value, t)
+    recording = Recording(path, meta, records, serving, findings, cut_short=cut_short, skipped=skipped)
     if not len(recording):
         reason = f" ({recording.damage})" if recording.damage else ""
         raise RecordingError(f"{path}: nothing was recorded in it that can be replayed{reason}")
