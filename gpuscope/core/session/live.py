@@ -44,7 +44,7 @@ class LiveSession(Session):
 
     def start(self, on_frame: Callable[[Frame], None], on_serving: Callable[[ServingSnapshot], None]) -> None:
         def show(frame: Frame) -> None:
-            problem = self.journal.problem or self.journal.note if self.journal is not None else None
+            problem = (self.journal.problem or self.journal.note) if self.journal is not None else None
             if problem:
                 frame = dataclasses.replace(frame, notices=(*frame.notices, problem))
             on_frame(frame)
