@@ -486,7 +486,8 @@ def cmd_console(args: argparse.Namespace) -> int:
 def run_console(args: argparse.Namespace, source, serving, *, slo, theme: str, thresholds, pid: int | None,
                 interval: float, cleanups: Sequence = ()) -> int:
     """Run the live console over `source`, recording the session to its journal."""
-    from gpuscope.core.journal import Recorded, open_session_journal, session_meta
+    from gpuscope.core.session.format import session_meta
+    from gpuscope.core.session.journal import open_session_journal
     from gpuscope.tui.app import GpuScopeApp
 
     config, effective = settings(args)
@@ -494,9 +495,6 @@ def run_console(args: argparse.Namespace, source, serving, *, slo, theme: str, t
         enabled=effective["journal.enabled"].value, keep_days=config.journal.keep_days, max_mb=config.journal.max_mb,
         meta=session_meta("journal", pid=pid, interval_s=interval),
     )
-    source = Recorded(source, journal.frame, journal)
-    if serving is not None:
-        serving = Recorded(serving, journal.serving, journal)
     app = GpuScopeApp(source, theme=theme, serving=serving, slo=slo, journal=journal, thresholds=thresholds)
     for cleanup in (journal.close, *cleanups):  # also when a lost terminal cuts the exit short
         app.add_cleanup(cleanup)

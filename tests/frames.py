@@ -72,9 +72,8 @@ def leaking_evidence(pid: int = 4242, seconds: int = 60, rate: float = 6e6) -> E
 
 
 class FakeSource:
-    """A Source that sends the frames the test gives it and records what the console asked."""
-
-    kind = "live"
+    """A Source that sends the frames the test gives it (each one a sample) and records what the
+    console asked."""
 
     def __init__(self, *frames: Frame, evidence: Evidence | None = None) -> None:
         self.frames = list(frames)
@@ -85,12 +84,15 @@ class FakeSource:
         self.evidence_asked: list[int] = []
         self._evidence = evidence
 
-    def start(self, on_frame) -> None:
+    def start(self, on_frame, on_sample=None) -> None:
         self.on_frame = on_frame
+        self.on_sample = on_sample
         for f in self.frames:
-            on_frame(f)
+            self.send(f)
 
     def send(self, f: Frame) -> None:
+        if self.on_sample is not None:
+            self.on_sample(f)
         self.on_frame(f)
 
     def stop(self) -> None:

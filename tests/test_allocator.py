@@ -9,10 +9,10 @@ import time
 from frames import GIB, FakeSource, frame
 from gpuscope.core import probe_client
 from gpuscope.core.diagnosis import diagnose
-from gpuscope.core.journal import Journal
+from gpuscope.core.session.journal import Journal
 from gpuscope.core.model import TorchMemory
 from gpuscope.core.node import NodeSource
-from gpuscope.core.recording import open_recording
+from gpuscope.core.session.recording import open_recording
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.detail import ProcessPanel
 from helpers import wait_until

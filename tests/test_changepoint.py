@@ -9,10 +9,11 @@ from dataclasses import replace
 
 from frames import T0
 from gpuscope.core.changepoint import latency_jump
-from gpuscope.core.journal import Journal, session_meta
+from gpuscope.core.session.format import session_meta
+from gpuscope.core.session.journal import Journal
 from gpuscope.core.profiles import BUILTIN_PROFILES
-from gpuscope.core.recording import open_recording
-from gpuscope.core.report import build_report
+from gpuscope.core.session.recording import open_recording
+from gpuscope.core.session.report import build_report
 from gpuscope.core.scrape import ScrapeCollector
 from gpuscope.core.serving import ServingSource
 from helpers import wait_until

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from frames import T0, frame, rows
-from gpuscope.core import journal as journal_mod
+from gpuscope.core.session import format as journal_mod
 from gpuscope.core.allocations import Attribution, Rung
-from gpuscope.core.journal import KEYFRAME_EVERY, Journal, prune, session_meta
-from gpuscope.core.recording import RecordingError, open_recording
+from gpuscope.core.session.format import KEYFRAME_EVERY, session_meta
+from gpuscope.core.session.journal import Journal
+from gpuscope.core.session.retention import prune
+from gpuscope.core.session.recording import RecordingError, open_recording
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect, ThreadStack
 from helpers import ROOT, gpuscope_cmd
 
@@ -95,7 +97,7 @@ def test_an_export_is_a_private_snapshot_of_the_range(tmp_path):
     assert [rec.frame(i) for i in range(len(rec))] == frames[65:111]
     first = sqlite3.connect(target).execute("SELECT keyframe FROM frames ORDER BY rowid LIMIT 1").fetchone()
     assert first == (1,)  # the snapshot starts on a keyframe even though the range did not
-    [event] = rec.events_of("stacks", 4242)
+    [event] = rec.findings.of("stacks", 4242)
     assert event.time == T0 + 80 and event.value.threads[0].frames[0].function == "handle"
     # Local variables can hold secrets: never recorded, so never exported.
     assert event.value.threads[0].frames[0].locals == ()
@@ -112,7 +114,7 @@ def test_findings_are_recorded_with_their_types(tmp_path):
     with pytest.raises(ValueError):
         j.event("not-a-kind", found)
     j.close()
-    [event] = open_recording(path).events_of("allocations", 4242)
+    [event] = open_recording(path).findings.of("allocations", 4242)
     assert event.value == found
 
 
@@ -138,7 +140,7 @@ FULL_DISK = textwrap.dedent("""
     from dataclasses import replace
     from pathlib import Path
     from frames import frame, rows
-    from gpuscope.core.journal import Journal
+    from gpuscope.core.session.journal import Journal
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
     j = Journal(Path(sys.argv[1]))
@@ -240,7 +242,7 @@ def test_a_damaged_record_is_skipped_until_the_next_keyframe(tmp_path):
 
 
 def test_the_session_file_format_is_what_the_module_says(tmp_path):
-    """A reader in another language needs only SQLite, zlib and JSON (see gpuscope.core.journal)."""
+    """A reader in another language needs only SQLite, zlib and JSON (see gpuscope.core.session.format)."""
     path = tmp_path / "s.gpuscope"
     j = Journal(path, meta=session_meta("journal", pid=7))
     j.frame(session_frames(1)[0])

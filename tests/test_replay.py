@@ -11,10 +11,11 @@ import pytest
 from frames import T0, frame
 from gpuscope.core.model import ProcessRow
 from gpuscope.core.diagnosis import diagnose
-from gpuscope.core.journal import Journal, session_meta
-from gpuscope.core.recording import open_recording
-from gpuscope.core.replay import ReplaySource, parse_time
-from gpuscope.core.report import build_report
+from gpuscope.core.session.format import session_meta
+from gpuscope.core.session.journal import Journal
+from gpuscope.core.session.recording import open_recording
+from gpuscope.core.session.replay import ReplaySession, parse_time
+from gpuscope.core.session.report import build_report
 from gpuscope.core.serving_model import ServingSnapshot, Signals, StageStats
 from gpuscope.core.stacks import StackDump, StackFrame, ThreadStack
 from gpuscope.tui.app import GpuScopeApp
@@ -56,7 +57,7 @@ def leaking_session(tmp_path, n=120):
 
 def test_the_cursor_plays_pauses_steps_jumps_and_changes_speed(tmp_path):
     path, frames = leaking_session(tmp_path)
-    source = ReplaySource(open_recording(path), playing=False)
+    source = ReplaySession(open_recording(path), playing=False)
     seen = []
     got = threading.Event()
 
@@ -118,7 +119,7 @@ def test_jump_targets():
 
 def test_evidence_from_a_replay_diagnoses_the_recorded_leak(tmp_path):
     path, _ = leaking_session(tmp_path)
-    source = ReplaySource(open_recording(path), playing=False)
+    source = ReplaySession(open_recording(path), playing=False)
     source.start(lambda f: None)
     try:
         source.seek(T0 + 10_000)
@@ -150,8 +151,8 @@ def test_the_report_has_the_verdict_steps_chart_stacks_and_numbers(tmp_path):
 async def test_the_console_over_a_replay(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     path, frames = leaking_session(tmp_path)
-    source = ReplaySource(open_recording(path), playing=False)
-    app = GpuScopeApp(source, serving=source.serving)
+    source = ReplaySession(open_recording(path), playing=False)
+    app = GpuScopeApp(source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.2)
         timeline = app.query_one(Timeline)
@@ -217,6 +218,7 @@ async def test_an_export_that_fails_says_why(tmp_path, monkeypatch):
     journal = Journal(None)
     journal.close()  # the journal cannot take the export any more
     app = GpuScopeApp(FakeSource(frame()), journal=journal)
+    monkeypatch.setattr(GpuScopeApp, "call_from_thread", lambda *a, **k: (_ for _ in ()).throw(AssertionError("waited on the UI")))
     said = []
     async with app.run_test(size=(120, 40)) as pilot:
         monkeypatch.setattr(app, "notify", lambda message, **kw: said.append(message))

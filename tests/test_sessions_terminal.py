@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuscope.core.recording import open_recording
+from gpuscope.core.session.recording import open_recording
 from gpuscope.core.units import format_bytes
 from helpers import LEAKER, gpuscope_cmd, wait_until
 from test_journal import recording_text

@@ -3,6 +3,7 @@
 import os
 import threading
 import time
+from dataclasses import replace
 
 from textual.widgets import OptionList
 
@@ -30,6 +31,10 @@ FOUND = Attribution(
 
 def step_text(app) -> str:
     return app.screen.query_one("#step", TextLines).text.plain
+
+
+def never_wait_on_the_ui(*args, **kwargs):
+    raise AssertionError("a worker waited on the UI (call_from_thread) instead of posting a message")
 
 
 async def wait_for(pilot, condition, timeout=20.0):
@@ -80,6 +85,7 @@ async def test_step_7_asks_then_finds_the_suspect_and_enter_shows_its_stack(monk
         return FOUND
 
     monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
+    monkeypatch.setattr(GpuScopeApp, "call_from_thread", never_wait_on_the_ui)
     app = GpuScopeApp(FakeSource(frame()))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
@@ -133,3 +139,26 @@ async def test_export_writes_private_files(tmp_path, monkeypatch):
     assert all(os.stat(f).st_mode & 0o777 == 0o600 for f in files)
     assert '"schema": "gpuscope.diagnosis/1"' in files[0].read_text()
     assert "api-key ***" in files[1].read_text() and "api-key sk" not in files[1].read_text()
+
+
+async def test_the_wizard_reopened_shows_the_culprit_found_earlier(monkeypatch):
+    searches = []
+
+    def attribute(pid, duration, *, use_memray, cancelled, progress):
+        searches.append(pid)
+        return replace(FOUND, pid=pid)
+
+    monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("w", "end", "a", "y")
+        await wait_for(pilot, lambda: "First suspect: Retriever.search" in step_text(app))
+        await pilot.press("escape")
+        await pilot.press("w", "end")  # a minute later: the search is not run again
+        assert isinstance(app.screen, WizardScreen)
+        assert "First suspect: Retriever.search" in step_text(app) and searches == [4242]
+        await pilot.press("home", "r", "end")  # steps 1-6 re-run from the latest data keep it too
+        assert "First suspect: Retriever.search" in step_text(app) and searches == [4242]
+    diagnoses = app.session.findings.of("diagnosis", 4242)
+    assert len(diagnoses) >= 3 and all(d.value.suspects for d in diagnoses[1:])

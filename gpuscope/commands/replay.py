@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from gpuscope.cli import console_settings, terminal_check
-from gpuscope.core.recording import RecordingError, open_recording
+from gpuscope.core.session.recording import RecordingError, open_recording
 from gpuscope.errors import Failure
 
 
@@ -22,10 +22,9 @@ def run(args: argparse.Namespace) -> int:
     terminal_check()
     if recording.damage:
         print(f"note: {recording.damage}", file=sys.stderr)
-    from gpuscope.core.replay import ReplaySource
+    from gpuscope.core.session.replay import ReplaySession
     from gpuscope.tui.app import GpuScopeApp
 
-    source = ReplaySource(recording)
-    app = GpuScopeApp(source, theme=theme, serving=source.serving if recording.serving else None, thresholds=thresholds)
+    app = GpuScopeApp(ReplaySession(recording), theme=theme, thresholds=thresholds)
     app.run()
     return app.return_code or 0

@@ -10,8 +10,8 @@ import sys
 
 from gpuscope.cli import alert_thresholds
 from gpuscope.commands.output import check_output, deliver
-from gpuscope.core.recording import RecordingError, open_recording
-from gpuscope.core.report import build_report
+from gpuscope.core.session.recording import RecordingError, open_recording
+from gpuscope.core.session.report import build_report
 from gpuscope.errors import Failure
 
 

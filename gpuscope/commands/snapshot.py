@@ -1,8 +1,10 @@
 """`gpuscope snapshot [--pid PID] [--duration S] [--metrics-url URL | --prometheus URL] -o FILE [--force]`.
 
 Records the node (and the service, and the process's stacks) for S seconds without a console
-and writes one snapshot file, the same format the console's `e` exports. Ctrl-C ends the
-recording early; what was recorded is still written. `-o -` writes the snapshot to standard
+and writes one snapshot file, the same format the console's `e` exports. With --pid the snapshot
+is about that process (report and replay open on it, whatever else raised an alert), and its
+stack dump is taken while the node is still sampled, stamped at the last sample before it, so a
+replay shows it. Ctrl-C ends the recording early; what was recorded is still written. `-o -` writes the snapshot to standard
 output (a pipe or a file, never a terminal: it is binary).
 """
 
@@ -21,8 +23,10 @@ from gpuscope.cli import attach_check, console_settings, serving_source
 from gpuscope.commands.output import check_output, refusal, to_stdout
 from gpuscope.core.atomic import RefusedPath
 from gpuscope.core import pyspy
-from gpuscope.core.journal import Journal, Recorded, describe, session_meta
 from gpuscope.core.node import NodeSource
+from gpuscope.core.session.format import describe, session_meta
+from gpuscope.core.session.journal import Journal
+from gpuscope.core.session.live import LiveSession
 from gpuscope.errors import Failure, UsageError
 
 
@@ -35,26 +39,20 @@ def run(args: argparse.Namespace) -> int:
     refresh, _, thresholds = console_settings(args)
     serving, _ = serving_source(args)
     journal = Journal(None, meta=session_meta("journal", pid=args.pid, interval_s=refresh))
-    source = Recorded(NodeSource(interval=refresh, focus_pid=args.pid, thresholds=thresholds), journal.frame, journal)
+    session = LiveSession(NodeSource(interval=refresh, focus_pid=args.pid, thresholds=thresholds),
+                          serving=serving, journal=journal)
     frames = threading.Event()
-    source.start(lambda frame: frames.set())
-    if serving is not None:
-        serving = Recorded(serving, journal.serving, journal)
-        serving.start(lambda snapshot: None)
+    session.start(lambda frame: frames.set(), lambda snapshot: None)
     print(f"recording for {args.duration:g} s (Ctrl-C ends it early)…", file=sys.stderr, flush=True)
     try:
-        time.sleep(args.duration)
-    except KeyboardInterrupt:
-        print("stopped early; writing what was recorded", file=sys.stderr)
-    finally:
-        source.stop()
-        if serving is not None:
-            serving.stop()
-    if args.pid is not None:
         try:
-            journal.event("stacks", pyspy.dump(args.pid))
-        except pyspy.PySpyError as exc:
-            print(f"no stack dump in the snapshot: {exc}", file=sys.stderr)
+            time.sleep(args.duration)
+        except KeyboardInterrupt:
+            print("stopped early; writing what was recorded", file=sys.stderr)
+        if args.pid is not None:
+            _record_stacks(session, args.pid)
+    finally:
+        session.stop()
     if not frames.is_set():
         journal.close()
         raise Failure("nothing was recorded (no sample was taken); try a longer --duration")
@@ -74,6 +72,18 @@ def run(args: argparse.Namespace) -> int:
         journal.close()
     print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _record_stacks(session: LiveSession, pid: int) -> None:
+    """`pid`'s stack dump, stamped at the last sample before it (a replay shows a finding once
+    its cursor reaches the finding's time: one stamped after the last frame would never show)."""
+    try:
+        dump = pyspy.dump(pid)
+    except pyspy.PySpyError as exc:
+        print(f"no stack dump in the snapshot: {exc}", file=sys.stderr)
+        return
+    last = session.last_sample_time
+    session.record("stacks", dump, at=min(last, dump.time) if last is not None else None)
 
 
 def _export_to_stdout(journal: Journal) -> None:

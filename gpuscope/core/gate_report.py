@@ -260,7 +260,7 @@ def to_markdown(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> s
 
 
 def _charts(run: CheckRun) -> list[str]:
-    from gpuscope.core.report import text_chart  # noqa: PLC0415 - plotext only for the Markdown summary
+    from gpuscope.core.session.report import text_chart  # noqa: PLC0415 - plotext only for the Markdown summary
 
     out: list[str] = []
     for series in run.series()[:CHART_SERIES]:

@@ -2,7 +2,9 @@
 
 Two pollers (NVML and host) read independently, so a hung GPU query never stops host memory from
 updating and vice versa. Each host read joins the latest NVML reading, records every shown
-process's memory in the bounded store, and emits one immutable Frame.
+process's memory in the bounded store, and emits one immutable Frame: first to `on_sample` (the
+session's journal: each sample once, when taken), then to `on_frame` (the display). Selecting
+another process shows the latest sample again, to `on_frame` alone.
 """
 
 from __future__ import annotations
@@ -85,8 +87,6 @@ def choose_rows(seen: list[SeenProcess], gpu_pids: set[int], always: set[int]) -
 
 
 class NodeSource:
-    kind = "live"
-
     def __init__(
         self,
         *,
@@ -111,6 +111,7 @@ class NodeSource:
         self._focus = focus_pid
         self._selected = focus_pid
         self._on_frame: Callable[[Frame], None] | None = None
+        self._on_sample: Callable[[Frame], None] | None = None
         self._nvml_reading = NvmlReading(status="reading NVML...")
         self._nvml_error: str | None = None
         self._host_error: str | None = None
@@ -132,10 +133,11 @@ class NodeSource:
         self._stopping = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="gpuscope-ticker", daemon=True)
 
-    # -- Source interface ---------------------------------------------------------------------
+    # -- Source interface (gpuscope.core.session.interface) --------------------------------------
 
-    def start(self, on_frame: Callable[[Frame], None]) -> None:
+    def start(self, on_frame: Callable[[Frame], None], on_sample: Callable[[Frame], None] | None = None) -> None:
         self._on_frame = on_frame
+        self._on_sample = on_sample
         for p in self._pollers:
             p.start()
         self._ticker.start()
@@ -220,7 +222,10 @@ class NodeSource:
         self._host_error = None
         snap: HostSnapshot = reading.value
         self._accept(snap)
-        self._emit(self._frame(snap))
+        frame = self._frame(snap)
+        if self._on_sample is not None and not self._stopping.is_set():
+            self._on_sample(frame)
+        self._emit(frame)
 
     def _accept(self, snap: HostSnapshot) -> None:
         self._record(snap)
@@ -240,6 +245,7 @@ class NodeSource:
             command = (proc.command[:48] + "…" if len(proc.command) > 48 else proc.command) if proc else "(exited)"
             label, pid, index = f"PID {ident} {command} ({what})", ident, alert.key[3] if kind == "gpu" else None
         return Alert(kind, pid, index, label, alert.growth_bytes_per_s, a.since, a.time_to_full_s, a.confidence, a.reason)
+
     def _emit_cached(self) -> None:
         if self._last is not None:
             self._emit(self._frame(self._last))

@@ -1,7 +1,9 @@
-"""The console: renders the frames a source sends and turns keys into requests to that source.
+"""The console: renders the frames a session sends and turns keys into requests to that session.
 
-It never reads a collector itself and never blocks: the source's threads do the reading and
-post `FrameReady` messages, which coalesce when the console is behind.
+Live or replayed, the console speaks to one `Session` and asks its capability flags what it may
+do (read a process's stacks, move a time cursor, export). It never reads a collector itself and
+never blocks: the session's threads do the reading and post `FrameReady` messages, which
+coalesce when the console is behind; workers post their results as messages too.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from gpuscope.core.printable import printable
 from gpuscope.config import SloConfig
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.serving import ServingSource
-from gpuscope.core.journal import Journal, describe
-from gpuscope.core.replay import parse_time
-from gpuscope.core.source import Source
+from gpuscope.core.session.format import describe
+from gpuscope.core.session.interface import Session, Source
+from gpuscope.core.session.journal import Journal
+from gpuscope.core.session.live import LiveSession
 from gpuscope import theme_files
 from gpuscope.theme_files import DEFAULT_THEME, VARIABLE_DEFAULTS, ThemeSpec, load_themes
 from gpuscope.tui.alerts import AlertBar
@@ -41,7 +44,7 @@ from gpuscope.tui.chart import MemoryChart
 from gpuscope.tui.detail import ProcessPanel
 from gpuscope.tui.devices import DevicesPanel
 from gpuscope.tui.help import HelpScreen
-from gpuscope.tui.messages import FrameReady, ServingReady
+from gpuscope.tui.messages import ExportFailed, FrameReady, ServingReady, SnapshotExported
 from gpuscope.tui.processes import SORTS, ProcessTable
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
@@ -123,7 +126,7 @@ class GpuScopeApp(App):
 
     def __init__(
         self,
-        source: Source,
+        session: Session | Source,
         *,
         theme: str | None = None,
         serving: ServingSource | None = None,
@@ -133,16 +136,15 @@ class GpuScopeApp(App):
     ) -> None:
         super().__init__()
         self.thresholds = thresholds or LeakThresholds()  # the settings' [alerts], for the wizard too
-        self.journal = journal  # where the session is recorded (None in a replay)
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over a slow link every animation frame is bytes on the wire
-        self.source = source
-        self.serving = serving
+        if not isinstance(session, Session):  # a live source: sampled, with its service, into the journal
+            session = LiveSession(session, serving=serving, journal=journal)
+        self.session: Session = session
         self.slo = slo
         self._theme_name = theme or DEFAULT_THEME
         self.frame: Frame | None = None
-        self._charted_pid: int | None = None  # what the source was last asked to chart
-        self.serving_snapshot = None  # the latest serving snapshot, for the wizard
+        self._charted_pid: int | None = None  # what the session was last asked to chart
         self._cleanups: list[Callable[[], object]] = []
         self._started = False
         self._theme_names: list[str] = [DEFAULT_THEME]
@@ -165,11 +167,11 @@ class GpuScopeApp(App):
         yield SystemCommand("Hot paths of the selected process", "py-spy samples for 5 s, aggregated", self.action_sample)
         yield SystemCommand("Allocation sites of the selected process", "Which code allocates memory that stays", self.action_allocations)
         yield SystemCommand("Diagnose", "The seven-step diagnosis of the alert's (or the selected) process", self.action_wizard)
-        yield SystemCommand("Detach", "Stop following the attached process", partial(self.source.focus, None))
-        if self._exporter() is not None:
+        yield SystemCommand("Detach", "Stop following the attached process", partial(self.session.focus, None))
+        if self.session.can_export:
             yield SystemCommand("Export a snapshot", "The session, or a part of it, in one file for replay and report",
                                 self.action_export)
-        if self.source.kind == "replay":
+        if self.session.can_seek:
             yield SystemCommand("Replay: play / pause", "Move the time cursor with the recording", self.action_replay_toggle)
             yield SystemCommand("Replay: step back", "One sample back", partial(self.action_replay_step, -1))
             yield SystemCommand("Replay: step forward", "One sample forward", partial(self.action_replay_step, 1))
@@ -181,30 +183,17 @@ class GpuScopeApp(App):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.REPLAY_ACTIONS:
-            return self.source.kind == "replay"
+            return self.session.can_seek
         if action == "export":
-            return self._exporter() is not None
+            return self.session.can_export
         return True
 
-    # -- sessions: recording, export, replay ------------------------------------------------------
-
-    def record(self, kind: str, value: object) -> None:
-        """Keep a finding (a stack dump, allocation sites, a diagnosis) with the session."""
-        if self.journal is not None:
-            self.journal.event(kind, value)
-
-    def _exporter(self) -> Callable | None:
-        """What writes a snapshot: the session's journal, or in a replay the recording itself."""
-        if self.journal is not None:
-            return self.journal.export
-        if self.source.kind == "replay":
-            return self.source.export
-        return None
+    # -- sessions: export, the replay's cursor ----------------------------------------------------
 
     def action_export(self) -> None:
         """`e`: the session (or a part of it) as one snapshot file, written off the UI thread."""
         now = self.frame.time if self.frame is not None else time.time()
-        self.push_screen(ExportScreen(now, replay=self.source.kind == "replay"), self._export_range)
+        self.push_screen(ExportScreen(now, cursor=self.session.can_seek), self._export_range)
 
     def _export_range(self, chosen: tuple[float | None, float | None] | None) -> None:
         if chosen is None:
@@ -221,31 +210,37 @@ class GpuScopeApp(App):
     def _write_snapshot(self, target, chosen: tuple[float | None, float | None]) -> None:
         # On a thread: the journal's writer does the work, but waiting on it must not hold the keys.
         try:
-            path = self._exporter()(target, *chosen).result()
+            path = self.session.export(target, *chosen).result()
         except Exception as exc:  # OSError, sqlite3.Error: the message is for the operator
-            self.call_from_thread(self.notify, f"export failed: {describe(exc)}", severity="error")
+            self.post_message(ExportFailed(describe(exc)))
             return
-        self.call_from_thread(self.notify, f"{path}\nreplay: gpuscope replay FILE · report: gpuscope report FILE",
-                              title="snapshot exported", timeout=10)
+        self.post_message(SnapshotExported(path))
+
+    def on_snapshot_exported(self, message: SnapshotExported) -> None:
+        self.notify(f"{message.path}\nreplay: gpuscope replay FILE · report: gpuscope report FILE",
+                    title="snapshot exported", timeout=10)
+
+    def on_export_failed(self, message: ExportFailed) -> None:
+        self.notify(f"export failed: {message.reason}", severity="error")
 
     def action_replay_toggle(self) -> None:
-        self.source.toggle()
+        self.session.toggle()
 
     def action_replay_step(self, frames: int) -> None:
-        self.source.step(frames)
+        self.session.step(frames)
 
     def action_replay_jump(self, seconds: float) -> None:
-        self.source.jump(seconds)
+        self.session.jump(seconds)
 
     def action_replay_speed(self, steps: int) -> None:
-        self.source.faster(steps)
+        self.session.faster(steps)
 
     def action_replay_jump_to(self) -> None:
         def chosen(text: str | None) -> None:
             if not text:
                 return
             try:
-                self.source.seek(parse_time(text, self.source.recording, self.source.now))
+                self.session.seek_to(text)
             except ValueError:
                 self.notify(f"not a time: {text!r} (try +90, -5m, 14:05:30, start or end)", severity="warning")
 
@@ -261,23 +256,23 @@ class GpuScopeApp(App):
         pid = self._selected_pid()
         if pid is None:
             return
-        if self.source.kind == "replay":
-            self._show_recorded("stacks", pid, lambda dump: DumpScreen(pid, recorded=dump))
-        else:
+        if self.session.can_attach:
             self.push_screen(DumpScreen(pid))
+        else:
+            self._show_recorded("stacks", pid, lambda dump: DumpScreen(pid, recorded=dump))
 
     def action_sample(self) -> None:
         pid = self._selected_pid()
         if pid is None:
             return
-        if self.source.kind == "replay":
-            self._show_recorded("hot-paths", pid, lambda sample: SampleScreen(pid, recorded=sample))
-        else:
+        if self.session.can_attach:
             self.push_screen(SampleScreen(pid))
+        else:
+            self._show_recorded("hot-paths", pid, lambda sample: SampleScreen(pid, recorded=sample))
 
     def _show_recorded(self, kind: str, pid: int, screen: Callable) -> None:
-        """In a replay, code paths are what the session recorded (nothing is read from a process)."""
-        value = self.source.recorded(kind, pid)
+        """Where processes cannot be read (a replay), code paths are what the session recorded."""
+        value = self.session.recorded(kind, pid)
         if value is None:
             self.notify(f"no {kind.replace('-', ' ')} of PID {pid} were recorded before this point", severity="warning")
         else:
@@ -287,7 +282,7 @@ class GpuScopeApp(App):
         pid = self._selected_pid()
         if pid is None:
             return
-        if self.source.kind == "replay":
+        if not self.session.can_attach:
             self._show_recorded("allocations", pid, lambda result: AttributionScreen(result, recorded=True))
             return
 
@@ -295,7 +290,7 @@ class GpuScopeApp(App):
             if choice is not None:
                 self.push_screen(SuspectsScreen(pid, use_memray=choice == "memray"))
 
-        self.push_screen(ConfirmAttach(pid), chosen)
+        self.push_screen(ConfirmAttach(pid, inject=self.session.can_inject), chosen)
 
     def action_wizard(self) -> None:
         """The guided diagnosis: of the process behind the top alert if there is one, else the selected one."""
@@ -317,7 +312,7 @@ class GpuScopeApp(App):
     def _attach_selected(self) -> None:
         row = self.query_one(ProcessTable).selected_row
         if row is not None:
-            self.source.focus(row.pid)
+            self.session.focus(row.pid)
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return dict(VARIABLE_DEFAULTS)
@@ -388,9 +383,8 @@ class GpuScopeApp(App):
         # Back from Ctrl+Z: the terminal was someone else's meanwhile, so every cell is sent again
         # (panels otherwise resend only what changed).
         self.app_resume_signal.subscribe(self, lambda _: self._repaint_everything())
-        self.source.start(lambda frame: self.post_message(FrameReady(frame)))
-        if self.serving is not None:
-            self.serving.start(lambda snapshot: self.post_message(ServingReady(snapshot)))
+        self.session.start(lambda frame: self.post_message(FrameReady(frame)),
+                           lambda snapshot: self.post_message(ServingReady(snapshot)))
         self._started = True
 
     def _repaint_everything(self) -> None:
@@ -410,7 +404,7 @@ class GpuScopeApp(App):
         # writer thread has died on the dead terminal, so if the normal exit has not finished in a
         # moment, do what must be done (stop the source, run the cleanups) and leave.
         def fallback() -> None:
-            self._stop_sources()
+            self.session.stop()
             for cleanup in self._cleanups:
                 try:
                     cleanup()
@@ -423,14 +417,9 @@ class GpuScopeApp(App):
         timer.start()
         self.exit(return_code=HANGUP_EXIT)
 
-    def _stop_sources(self) -> None:
-        self.source.stop()
-        if self.serving is not None:
-            self.serving.stop()
-
     def on_unmount(self) -> None:
         if self._started:
-            self._stop_sources()
+            self.session.stop()
 
     def on_resize(self, event) -> None:
         self.set_class(event.size.width < 100, "narrow")
@@ -458,7 +447,6 @@ class GpuScopeApp(App):
 
     @_unless_closed
     def on_serving_ready(self, message: ServingReady) -> None:
-        self.serving_snapshot = message.snapshot
         self.query_one(ServicePanel).show(message.snapshot)
 
     def _show_title(self, frame: Frame) -> None:
@@ -487,10 +475,10 @@ class GpuScopeApp(App):
             return  # stale: the cursor has moved on since this was posted
         if current.pid != self._charted_pid:
             self._charted_pid = current.pid
-            self.source.select(current.pid)
+            self.session.select(current.pid)
 
     def on_process_table_selected(self, event: ProcessTable.Selected) -> None:
-        self.source.focus(event.row.pid)
+        self.session.focus(event.row.pid)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -529,4 +517,4 @@ class GpuScopeApp(App):
         elif self.query_one(ProcessTable).filter_text:
             self._close_filter(keep=False)
         elif self.frame is not None and self.frame.focus is not None:
-            self.source.focus(None)
+            self.session.focus(None)

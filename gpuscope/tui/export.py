@@ -44,16 +44,17 @@ class ExportScreen(ModalScreen[tuple[float | None, float | None] | None]):
         Binding("escape,n", "choose(None)", "Cancel"),
     ]
 
-    def __init__(self, now: float, *, replay: bool) -> None:
+    def __init__(self, now: float, *, cursor: bool) -> None:
+        """`now`: the time cursor's in a session that has one (`cursor`), else the latest frame's."""
         super().__init__()
         self.now = now
-        self.replay = replay
+        self.cursor = cursor
 
     def compose(self) -> ComposeResult:
         lines = ["[b]Export a snapshot[/b] (one file, mode 0600: replay it, or make a report of it)", ""]
-        lines.append("  a    the whole " + ("recording" if self.replay else "session so far"))
-        lines.append("  t    the 10 minutes before " + ("the cursor" if self.replay else "now"))
-        if self.replay:
+        lines.append("  a    the whole " + ("recording" if self.cursor else "session so far"))
+        lines.append("  t    the 10 minutes before " + ("the cursor" if self.cursor else "now"))
+        if self.cursor:
             lines.append("  c    from the start of the recording to the cursor")
         lines.append("  Esc  cancel")
         with Vertical():
@@ -64,7 +65,7 @@ class ExportScreen(ModalScreen[tuple[float | None, float | None] | None]):
             self.dismiss((None, None))
         elif choice == "last":
             self.dismiss((self.now - LAST_S, self.now))
-        elif choice == "cursor" and self.replay:
+        elif choice == "cursor" and self.cursor:
             self.dismiss((None, self.now))
         elif choice is None:
             self.dismiss(None)

@@ -1,4 +1,4 @@
-"""Messages from sources to the console."""
+"""Messages to the console: from its session (frames, serving snapshots) and from its workers."""
 
 from __future__ import annotations
 
@@ -28,3 +28,52 @@ class ServingReady(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, ServingReady)
+
+
+# -- from worker threads (py-spy, the attribution ladder, exports) to the screen that started them.
+# A worker posts and goes on; it never waits for the UI. A message that reaches a screen already
+# closed is dropped with it.
+
+
+class WorkProgress(Message):
+    """How far a worker is (0..1), and a line saying what it does (newer replaces a queued one)."""
+
+    def __init__(self, fraction: float | None, line: str | None = None) -> None:
+        super().__init__()
+        self.fraction = fraction
+        self.line = line
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, WorkProgress)
+
+
+class CodePathRead(Message):
+    """A worker's result: a StackDump, a StackSample or an Attribution."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__()
+        self.value = value
+
+
+class WorkFailed(Message):
+    """A worker's one line on why it found nothing (the target's text: shown as plain text)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+
+class SnapshotExported(Message):
+    """`e`: the snapshot file is written."""
+
+    def __init__(self, path: object) -> None:
+        super().__init__()
+        self.path = path
+
+
+class ExportFailed(Message):
+    """`e`: the snapshot could not be written; one line why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason

@@ -1,8 +1,9 @@
 """Code paths in the console: stack dumps (d), sampled hot paths (S) and allocation sites (a).
 
-Each screen runs its core call (py-spy, the attribution ladder) in a worker thread and renders
-the immutable result when it arrives; Esc cancels, and a cancelled job stops at its next check
-(py-spy is never left holding the target: the core functions handle that).
+Each screen runs its core call (py-spy, the attribution ladder) in a worker thread, which posts
+its progress and its immutable result to the screen as messages and never waits on the UI; Esc
+cancels, and a cancelled job stops at its next check (py-spy is never left holding the target:
+the core functions handle that). What a worker finds is kept with the session (`record`).
 
 Frames, thread names and error messages are the target's text (or a recording's): the tree and
 the status line take Rich Text only, never markup, made printable (`printable_text`).
@@ -24,6 +25,7 @@ from textual.widgets.tree import TreeNode
 from gpuscope.core import allocations, pyspy
 from gpuscope.core.allocations import Attribution
 from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
+from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
 from gpuscope.tui.textlines import printable_text
 
 MARK = {OWN: "●", STDLIB: "·", LIBRARY: "○", NATIVE: "◆"}
@@ -74,14 +76,21 @@ class CodePathScreen(ModalScreen[None]):
             yield CodeTree("…", id="tree")
         yield Footer()
 
-    def from_worker(self, method, *args) -> None:
-        """Run a UI update from the worker thread, unless the screen was closed meanwhile."""
-        if not self.cancel.is_set():
-            self.app.call_from_thread(self._if_open, method, *args)
+    def show(self, value) -> None:
+        """Render a worker's result (each view its own)."""
 
-    def _if_open(self, method, *args) -> None:
-        if not self.cancel.is_set() and self.is_attached:
-            method(*args)
+    def on_code_path_read(self, message: CodePathRead) -> None:
+        if not self.cancel.is_set():
+            self.show(message.value)
+
+    def on_work_progress(self, message: WorkProgress) -> None:
+        if message.line is not None:
+            self.status(message.line)
+        if message.fraction is not None:
+            self.progress(message.fraction)
+
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self.failed(message.reason)
 
     def status(self, text: str | Text) -> None:
         self.query_one("#status", Static).update(printable_text(text))
@@ -125,10 +134,10 @@ class DumpScreen(CodePathScreen):
         try:
             dump = pyspy.dump(self.pid, native=self.native)
         except pyspy.PySpyError as exc:
-            self.from_worker(self.failed, str(exc))
+            self.post_message(WorkFailed(str(exc)))
             return
-        self.app.record("stacks", dump)
-        self.from_worker(self.show, dump)
+        self.app.session.record("stacks", dump)
+        self.post_message(CodePathRead(dump))
 
     def show(self, dump: StackDump) -> None:
         paused = "threads paused while read" if dump.mode == "blocking" else "read without pausing the process"
@@ -168,14 +177,14 @@ class SampleScreen(CodePathScreen):
         try:
             result = pyspy.sample(
                 self.pid, self.samples, self.interval, stop=self.cancel,
-                progress=lambda done, total: self.from_worker(self.progress, done / total),
+                progress=lambda done, total: self.post_message(WorkProgress(done / total)),
             )
         except pyspy.PySpyError as exc:
-            self.from_worker(self.failed, str(exc))
+            self.post_message(WorkFailed(str(exc)))
             return
         if not self.cancel.is_set():
-            self.app.record("hot-paths", result)
-        self.from_worker(self.show, result)
+            self.app.session.record("hot-paths", result)
+        self.post_message(CodePathRead(result))
 
     def show(self, sample: StackSample) -> None:
         self.done()
@@ -227,15 +236,14 @@ class SuspectsScreen(CodePathScreen):
     @work(thread=True, exclusive=True, group="code-paths", exit_on_error=False)
     def read(self) -> None:
         def progress(rung: str, fraction: float) -> None:
-            self.from_worker(self.status, f"{rung}: {fraction * 100:.0f}% … (Esc cancels)")
-            self.from_worker(self.progress, fraction)
+            self.post_message(WorkProgress(fraction, f"{rung}: {fraction * 100:.0f}% … (Esc cancels)"))
 
         result = allocations.attribute(
             self.pid, self.seconds, use_memray=self.use_memray, cancelled=self.cancel.is_set, progress=progress
         )
         if not self.cancel.is_set():
-            self.app.record("allocations", result)
-        self.from_worker(self.show, result)
+            self.app.session.record("allocations", result)
+        self.post_message(CodePathRead(result))
 
     def show(self, result: Attribution) -> None:
         self.done()
@@ -286,21 +294,28 @@ class ConfirmAttach(ModalScreen[str | None]):
         Binding("escape,n", "choose(None)", "Cancel"),
     ]
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, *, inject: bool = True) -> None:
+        """`inject`: whether the session may run code inside a process (else sampling only)."""
         super().__init__()
         self.pid = pid
+        self.inject = inject
 
     def compose(self) -> ComposeResult:
+        memray = (
+            "memray tracks allocations from inside the process: attaching it runs code in the service "
+            "(through gdb before Python 3.14). gpuscope first tries the same on a throwaway process and "
+            f"refuses if that is harmed. {allocations.TRACKING_COST}.\n\n"
+            "  y  attach memray for 10 s, fall back to stack sampling\n"
+        ) if self.inject else ""
         with Vertical():
             yield Static(
-                f"[b]Find the code that allocates memory that stays in PID {self.pid}[/b]\n\n"
-                "memray tracks allocations from inside the process: attaching it runs code in the service "
-                "(through gdb before Python 3.14). gpuscope first tries the same on a throwaway process and "
-                f"refuses if that is harmed. {allocations.TRACKING_COST}.\n\n"
-                "  y  attach memray for 10 s, fall back to stack sampling\n"
+                f"[b]Find the code that allocates memory that stays in PID {self.pid}[/b]\n\n{memray}"
                 "  s  stack sampling only (nothing runs inside the service; low confidence)\n"
                 "  Esc  cancel"
             )
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.inject or parameters != ("memray",)
 
     def action_choose(self, choice: str | None) -> None:
         self.dismiss(choice)

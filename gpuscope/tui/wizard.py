@@ -1,9 +1,11 @@
 """The guided diagnosis: seven steps from a memory-growth alert to the code path.
 
-Steps 1–6 are computed at once from what the console has already recorded of the process (its
+Steps 1–6 are computed at once from what the session has already recorded of the process (its
 memory, its GPU, the other processes, the service's signals), so a console that has watched for
-an hour diagnoses over that hour. Step 7 needs time: `a` looks for the allocation sites (asking
-before memray is attached), with progress, and Esc cancels without leaving anything attached.
+an hour diagnoses over that hour. Step 7 uses the most informative allocation sites the session
+has found for the process (so reopening the wizard keeps a culprit found earlier); `a` looks
+again (asking before memray is attached), with progress, and Esc cancels without leaving
+anything attached. In a replay the session's recorded diagnosis is shown, and nothing is attached.
 `r` re-runs (from the latest data; on step 7 it looks again), `e` exports, Enter on step 7 shows
 the stacks behind the suspects.
 """
@@ -26,9 +28,10 @@ from textual.widgets.option_list import Option
 
 from gpuscope.core import allocations
 from gpuscope.core.atomic import private_folder, write_private
-from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step, diagnose
+from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step
 from gpuscope.core.printable import printable
 from gpuscope.folders import exports_dir
+from gpuscope.tui.messages import CodePathRead, WorkProgress
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
 
@@ -76,19 +79,14 @@ class WizardScreen(Screen[None]):
     # -- evidence and steps ----------------------------------------------------------------------
 
     def compute(self, attribution=None) -> None:
-        """Steps 1–6 from what the console has recorded; step 7 from the last search, if any."""
-        app = self.app
-        evidence = app.source.evidence(self.pid, HISTORY_S)
-        keep = attribution or (self.evidence.attribution if self.evidence else None)
-        self.evidence = replace(evidence, serving_end=getattr(app, "serving_snapshot", None), attribution=keep)
-        if app.source.kind == "replay":
-            # The findings the wizard recorded during the session, if it ran by this point.
-            recorded = app.source.recorded("diagnosis", self.pid)
-            self.diagnosis = recorded if recorded is not None else diagnose(self.evidence, app.thresholds)
-            self._status = "as recorded during the session" if recorded is not None else "from the recording"
-        else:
-            self.diagnosis = diagnose(self.evidence, app.thresholds)
-            app.record("diagnosis", self.diagnosis)  # the session keeps the wizard's findings
+        """Steps 1–6 from what the session has recorded; step 7 from `attribution` (a search just
+        made) or the most informative one the session has."""
+        session = self.app.session
+        evidence = session.evidence(self.pid, HISTORY_S)
+        if attribution is not None:
+            evidence = replace(evidence, attribution=attribution)
+        self.evidence = evidence
+        self.diagnosis, self._status = session.diagnose(self.pid, evidence, self.app.thresholds)
         self.render_steps()
 
     def render_steps(self) -> None:
@@ -170,7 +168,7 @@ class WizardScreen(Screen[None]):
     def action_allocations(self) -> None:
         if self.working.is_set():
             return
-        if self.app.source.kind == "replay":
+        if not self.app.session.can_attach:
             self.app.notify("a replay shows the allocation sites that were recorded; nothing is attached", severity="warning")
             return
 
@@ -182,7 +180,7 @@ class WizardScreen(Screen[None]):
                 self.render_steps()
                 self.look_for_allocations(choice == "memray")
 
-        self.app.push_screen(ConfirmAttach(self.pid), chosen)
+        self.app.push_screen(ConfirmAttach(self.pid, inject=self.app.session.can_inject), chosen)
 
     @work(thread=True, exclusive=True, group="wizard", exit_on_error=False)
     def look_for_allocations(self, use_memray: bool) -> None:
@@ -190,7 +188,7 @@ class WizardScreen(Screen[None]):
 
         def progress(rung: str, fraction: float) -> None:
             line = f"step 7: {rung} {fraction * 100:.0f}% · {time.monotonic() - started:.0f} s (Esc cancels)"
-            self.app.call_from_thread(self._if_open, self.status, line)
+            self.post_message(WorkProgress(fraction, line))
 
         try:
             result = allocations.attribute(self.pid, ATTRIBUTION_S, use_memray=use_memray,
@@ -198,16 +196,16 @@ class WizardScreen(Screen[None]):
         finally:
             self.working.clear()
         if not self.cancel.is_set():
-            self.app.call_from_thread(self._if_open, self._found, result)
+            self.app.session.record("allocations", result)  # kept even if the wizard closes now
+            self.post_message(CodePathRead(result))
 
-    def _if_open(self, method, *args) -> None:
-        if self.is_attached:
-            method(*args)
+    def on_work_progress(self, message: WorkProgress) -> None:
+        if message.line is not None:
+            self.status(message.line)
 
-    def _found(self, result) -> None:
+    def on_code_path_read(self, message: CodePathRead) -> None:
         self._status = ""
-        self.app.record("allocations", result)
-        self.compute(attribution=result)
+        self.compute(attribution=message.value)
 
     def action_stacks(self) -> None:
         att = self.evidence.attribution if self.evidence else None

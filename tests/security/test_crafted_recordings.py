@@ -1,6 +1,6 @@
 """Recordings anyone may have written: `report` and `replay` skip what is damaged and say how much.
 
-A session file is SQLite with zlib'd JSON records (gpuscope.core.journal). Each case below is a
+A session file is SQLite with zlib'd JSON records (gpuscope.core.session.format). Each case below is a
 hand-made bad file; a hypothesis test makes more. None may end in a traceback, a hang or unbounded
 memory: a bad record is skipped and counted ("skipped 1 damaged record (frames 1)"), a file that
 cannot be a recording is one line and exit status 1.
@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 
 from frames import T0, rows
 from frames import frame as make_frame
-from gpuscope.core import journal
-from gpuscope.core.codec import encode
-from gpuscope.core.recording import open_recording
-from gpuscope.core.replay import ReplaySource
-from gpuscope.core.report import build_report
+from gpuscope.core.session import format as journal
+from gpuscope.core.session.codec import encode
+from gpuscope.core.session.recording import open_recording
+from gpuscope.core.session.replay import ReplaySession
+from gpuscope.core.session.report import build_report
 from gpuscope.core.serving_model import ServingSnapshot, Signals
 from gpuscope.core.stacks import StackDump, StackFrame, ThreadStack
 from helpers import gpuscope_cmd
@@ -93,7 +93,7 @@ def consume(rec) -> str:
     """Everything report and replay do with a recording: the report, every frame through the
     replay source, the evidence and the serving history at each."""
     report = build_report(rec)
-    source = ReplaySource(rec, playing=False)
+    source = ReplaySession(rec, playing=False)
     seen = []
     source.start(seen.append)
     try:
@@ -217,7 +217,7 @@ def test_damaged_serving_events_and_metadata_are_skipped_and_counted(tmp_path):
                (T0 + 3, b"garbage"), good_serving(4)]
     meta = {"pid": "abc", "hostname": 7, "kind": "rootkit", "started": "yesterday"}
     rec = open_recording(write(tmp_path / "s.gpuscope", good_frames(), serving=serving, events=events, meta=meta))
-    assert len(rec) == FRAMES and len(rec.events) == 3 and len(rec.serving) == 2
+    assert len(rec) == FRAMES and len(rec.findings) == 3 and len(rec.serving) == 2
     assert rec.damage == "skipped 14 damaged records (meta 4, serving 3, events 7)", rec.damage
     assert "pid" not in rec.meta and rec.kind == "journal" and rec.hostname == "gpu-node-7"
     consume(rec)
@@ -328,8 +328,8 @@ async def test_the_replay_console_plays_a_crafted_recording_and_shows_the_damage
                for i in range(FRAMES)]
     rec = open_recording(write(tmp_path / "s.gpuscope", frames, serving=serving))
     assert len(rec.serving) == FRAMES and rec.serving[1].signals.e2e_latency_p95_s is None
-    source = ReplaySource(rec, playing=False)
-    app = GpuScopeApp(source, serving=source.serving)
+    source = ReplaySession(rec, playing=False)
+    app = GpuScopeApp(source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.2)
         for _ in range(FRAMES):
@@ -363,8 +363,8 @@ async def test_the_replay_console_takes_extreme_values_that_are_still_valid(tmp_
     rec = open_recording(write(tmp_path / "extreme.gpuscope", frames, serving=serving))
     assert len(rec) == FRAMES and rec.damage is None
     consume(rec)
-    source = ReplaySource(rec, playing=False)
-    app = GpuScopeApp(source, serving=source.serving)
+    source = ReplaySession(rec, playing=False)
+    app = GpuScopeApp(source)
     async with app.run_test(size=(100, 35)) as pilot:
         for key in ["right_square_bracket"] * 3 + ["down", "enter", "d", "escape", "w", "escape", "space"]:
             await pilot.press(key)
@@ -382,7 +382,7 @@ def test_a_console_crash_shows_no_local_variables(tmp_path):
         "from frames import FakeSource, frame\n"
         "from gpuscope.tui.app import GpuScopeApp\n"
         "class Crashing(FakeSource):\n"
-        "    def start(self, on_frame):\n"
+        "    def start(self, on_frame, on_sample=None):\n"
         "        hostile = '-'.join(['HOSTILE', 'LOCAL'])\n"
         "        raise RuntimeError('the source broke')\n"
         "GpuScopeApp(Crashing(frame())).run(headless=True)\n"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from test_crafted_recordings import good_frames, write
 
-from gpuscope.core import journal
-from gpuscope.core.recording import open_recording
+from gpuscope.core.session import format as journal
+from gpuscope.core.session.recording import open_recording
 
 
 def test_a_journal_in_another_users_folder_is_read_without_writing_through_its_links(tmp_path, other_user):

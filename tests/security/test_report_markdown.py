@@ -16,12 +16,13 @@ import pytest
 from markdown_it import MarkdownIt
 
 from gpuscope.core.allocations import Attribution, Rung
-from gpuscope.core.journal import Journal, session_meta
+from gpuscope.core.session.format import session_meta
+from gpuscope.core.session.journal import Journal
 from gpuscope.core.model import Device
 from gpuscope.core.printable import printable
-from gpuscope.core.recording import open_recording
+from gpuscope.core.session.recording import open_recording
 from gpuscope.core.markdown import md_block, md_code, md_text
-from gpuscope.core.report import build_report
+from gpuscope.core.session.report import build_report
 from gpuscope.core.serving_model import ServingSnapshot, Signals, StageStats
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect, ThreadStack
 

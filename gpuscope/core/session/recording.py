@@ -6,7 +6,7 @@ journal whose recording was killed, a truncated copy) gives what could be read, 
 much was lost in `damage`.
 
 Anyone may have written the file, so every record is checked on the way in, field by field
-(gpuscope.core.codec's types, and FIELD_CHECKS by name): a record that does not hold what gpuscope writes
+(gpuscope.core.session.codec's types, and FIELD_CHECKS by name): a record that does not hold what gpuscope writes
 (a device without its index, a string where a number belongs, a time that is not a time, a PID
 that is not a positive whole number, a record that inflates past its limit) is skipped and
 counted in `damage` ("skipped 3 damaged records (...)"). What replay and report are given has
@@ -29,13 +29,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpuscope.core import journal
 from gpuscope.core.allocations import Attribution
 from gpuscope.core.atomic import kind_of
-from gpuscope.core.codec import DecodeError, Decoder
 from gpuscope.core.diagnosis import Diagnosis
 from gpuscope.core.model import Frame, MemorySeries, ProcessRow
 from gpuscope.core.serving_model import ServingSnapshot, SignalPoint
+from gpuscope.core.session.codec import DecodeError, Decoder
+from gpuscope.core.session.findings import Findings
+from gpuscope.core.session.format import FORMAT, KEYFRAME_EVERY, SCHEMA, TABLES, FrameRebuilder, reject_constant, unpack
 from gpuscope.core.stacks import StackDump, StackSample
 
 EVENT_TYPES: dict[str, type] = {
@@ -111,31 +112,24 @@ class ProcessSeries:
     reserved: list[float | None] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Event:
-    time: float
-    kind: str
-    value: Any
-
-
 class Recording:
     """A session file, loaded: frame times, every process's memory series, serving, events."""
 
     def __init__(self, path: Path, meta: dict, records: list[tuple], serving: list[ServingSnapshot],
-                 events: list[Event], *, cut_short: str | None = None, skipped: Counter | None = None) -> None:
+                 findings: Findings, *, cut_short: str | None = None, skipped: Counter | None = None) -> None:
         self.path = path
         self.meta = meta
         self.kind = meta.get("kind", "journal")
         self.hostname = meta.get("hostname", "?")
         self.skipped: Counter = Counter(skipped or {})  # damaged records left out, by table
         self.serving = serving
-        self.events = events
+        self.findings = findings  # every stack dump, hot-path sample, allocation-site search and diagnosis
         self.times: list[float] = []
         self._records: list[tuple[bool, bytes]] = []
         self._keyframes: list[int] = []
         self.processes: dict[int, ProcessSeries] = {}
         self.devices: dict[int, tuple[list[float], list[float | None]]] = {}
-        self._cursor: tuple[int, journal.FrameRebuilder, dict] | None = None  # the last frame rebuilt
+        self._cursor: tuple[int, FrameRebuilder, dict] | None = None  # the last frame rebuilt
         self._load(records)
         self._serving_times = [s.time for s in serving]
         self.damage = describe_damage(cut_short, self.skipped)
@@ -143,7 +137,7 @@ class Recording:
     # -- loading ---------------------------------------------------------------------------------
 
     def _load(self, records: list[tuple]) -> None:
-        rebuild = journal.FrameRebuilder()
+        rebuild = FrameRebuilder()
         started = False
         for t, keyframe, blob in records:
             if not started and keyframe != 1:
@@ -152,13 +146,13 @@ class Recording:
             try:
                 if not is_time(t) or keyframe not in (0, 1):
                     raise ValueError("not a frame row")
-                record = journal.unpack(blob)
+                record = unpack(blob)
                 data = rebuild.apply(keyframe == 1, record)
                 _check_frame(data, record, rebuild, keyframe == 1)
             except ValueError:  # DecodeError among them
                 self.skipped["frames"] += 1
                 started = False  # deltas need what came before them: wait for the next keyframe
-                rebuild = journal.FrameRebuilder()
+                rebuild = FrameRebuilder()
                 continue
             started = True
             self.times.append(t)
@@ -220,15 +214,15 @@ class Recording:
 
     def _rebuild(self, i: int) -> dict:
         # Playing forward reuses the last rebuilt frame; a jump starts from the keyframe before.
-        if self._cursor is not None and self._cursor[0] <= i <= self._cursor[0] + journal.KEYFRAME_EVERY:
+        if self._cursor is not None and self._cursor[0] <= i <= self._cursor[0] + KEYFRAME_EVERY:
             at, rebuild, data = self._cursor
         else:
             at = self._keyframes[bisect.bisect_right(self._keyframes, i) - 1] - 1
-            rebuild, data = journal.FrameRebuilder(), {}
+            rebuild, data = FrameRebuilder(), {}
         while at < i:
             at += 1
             keyframe, blob = self._records[at]
-            data = rebuild.apply(keyframe, journal.unpack(blob))  # checked when the file was opened
+            data = rebuild.apply(keyframe, unpack(blob))  # checked when the file was opened
         self._cursor = (i, rebuild, data)
         return data
 
@@ -267,11 +261,11 @@ class Recording:
         points = tuple(SignalPoint(time=s.time, signals=s.signals) for s in self.serving[lo : i + 1] if s.ok)
         return replace(self.serving[i], history=points)
 
-    def events_of(self, kind: str, pid: int | None = None, until: float | None = None) -> list[Event]:
-        return [
-            e for e in self.events
-            if e.kind == kind and (until is None or e.time <= until) and (pid is None or getattr(e.value, "pid", None) == pid)
-        ]
+    @property
+    def subject(self) -> int | None:
+        """The process the session was recorded for (`snapshot --pid`, `gpuscope --pid`), if any."""
+        return self.meta.get("pid")
+
 
 
 # -- opening -------------------------------------------------------------------------------------
@@ -322,15 +316,15 @@ def open_recording(path: str | Path) -> Recording:
             skipped["serving"] += 1
         else:
             serving.append(snapshot)
-    events = []
+    findings = Findings()
     for t, kind, blob in event_rows:
         cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
         value = _decoded(cls, blob) if cls and is_time(t) else None
         if value is None:
             skipped["events"] += 1
         else:
-            events.append(Event(t, kind, value))
-    recording = Recording(path, meta, records, serving, events, cut_short=cut_short, skipped=skipped)
+            findings.add(kind, value, t)
+    recording = Recording(path, meta, records, serving, findings, cut_short=cut_short, skipped=skipped)
     if not len(recording):
         reason = f" ({recording.damage})" if recording.damage else ""
         raise RecordingError(f"{path}: nothing was recorded in it that can be replayed{reason}")
@@ -413,7 +407,6 @@ def _hardened(conn: sqlite3.Connection) -> sqlite3.Connection:
     return conn
 
 
-TABLES = ("meta", "frames", "serving", "events")
 
 
 def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
@@ -463,7 +456,7 @@ def _meta(conn: sqlite3.Connection, path: Path, skipped: Counter) -> dict:
         try:
             if not isinstance(key, str) or not isinstance(text, str):
                 raise ValueError("not text")
-            value = json.loads(text, parse_constant=journal.reject_constant)
+            value = json.loads(text, parse_constant=reject_constant)
         except (ValueError, RecursionError):
             skipped["meta"] += 1
             continue
@@ -472,15 +465,15 @@ def _meta(conn: sqlite3.Connection, path: Path, skipped: Counter) -> dict:
             skipped["meta"] += 1
             continue
         meta[key] = value
-    if meta.get("format") != journal.FORMAT:
+    if meta.get("format") != FORMAT:
         raise RecordingError(f"{path}: an SQLite file, but not a gpuscope snapshot or journal")
     schema = meta.get("schema")
     if not isinstance(schema, int):
         raise RecordingError(f"{path}: damaged: its schema version is missing")
-    if schema > journal.SCHEMA:
+    if schema > SCHEMA:
         raise RecordingError(
             f"{path}: written by a newer gpuscope ({meta.get('gpuscope_version', '?')}, schema {schema}; "
-            f"this one reads schema {journal.SCHEMA}): upgrade gpuscope to replay it"
+            f"this one reads schema {SCHEMA}): upgrade gpuscope to replay it"
         )
     return meta
 
@@ -499,12 +492,12 @@ def _rows(conn: sqlite3.Connection, query: str) -> tuple[list[tuple], str | None
 def _decoded(cls: type, blob: bytes):
     """The record `blob` as a checked `cls`, or None when it is damaged."""
     try:
-        return checked(cls, journal.unpack(blob))
+        return checked(cls, unpack(blob))
     except ValueError:  # DecodeError among them
         return None
 
 
-def _check_frame(data: dict, record: dict, rebuild: journal.FrameRebuilder, keyframe: bool) -> None:
+def _check_frame(data: dict, record: dict, rebuild: FrameRebuilder, keyframe: bool) -> None:
     """ValueError unless the rebuilt frame `data` decodes into a Frame that passes the checks.
 
     Only the rows this record changed are decoded (the others passed when they last changed),

@@ -1,9 +1,10 @@
 """The incident report: a recording (journal or snapshot) as Markdown for a ticket.
 
-The verdict and the seven steps are the last diagnosis recorded in the session; a session in
-which nobody ran one gets the diagnosis of its likeliest subject (the alert's process, else the
-attached one, else the fastest grower), computed from the recorded series the way the wizard
-would. Charts are text (plotext), so the report pastes into any ticket as it is.
+The verdict and the seven steps are the most informative diagnosis recorded in the session for
+its subject (one that named the culprit beats a later one whose code-path step was skipped); a
+session in which nobody ran one gets the diagnosis of its likeliest subject (the process it was
+recorded for, else the alert's process, else the attached one, else the fastest grower), computed
+from the recorded series the way the wizard would, with the best allocation sites recorded. Charts are text (plotext), so the report pastes into any ticket as it is.
 
 A recording holds other people's text (command lines, users, function names, label values) and
 may have been crafted, so everything from it is made printable and escaped for Markdown: plain
@@ -22,7 +23,7 @@ from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.markdown import md_block, md_code, md_text
 from gpuscope.core.model import Frame
 from gpuscope.core.node import evidence_of
-from gpuscope.core.recording import Recording
+from gpuscope.core.session.recording import Recording
 from gpuscope.core.units import format_bytes, format_rate
 
 CHART_WIDTH = 100
@@ -33,16 +34,17 @@ STATUS_WORD = {"ok": "✔ ok", "warn": "▲ warn", "alert": "✖ ALERT", "skippe
 
 
 def subject_pid(recording: Recording, frame: Frame) -> int | None:
-    """Whom the session was about: the recorded diagnosis's, the alert's, the attached, the fastest grower."""
-    diagnoses = recording.events_of("diagnosis")
-    if diagnoses:
-        return diagnoses[-1].value.pid
+    """Whom the session was about: the last diagnosed, the one it was recorded for, the alert's,
+    the attached, the fastest grower."""
+    diagnosed = recording.findings.subjects()
+    if diagnosed:
+        return diagnosed[-1]
+    if recording.subject is not None:  # asked for by name (--pid): no alert elsewhere overrides it
+        return recording.subject
     for alert in frame.alerts:
         pid = alert.subject(frame.processes)
         if pid is not None:
             return pid
-    if recording.meta.get("pid"):
-        return recording.meta["pid"]
     if frame.focus is not None:
         return frame.focus.pid
     growing = [r for r in frame.processes if r.growth_bytes_per_s]
@@ -53,16 +55,15 @@ def subject_pid(recording: Recording, frame: Frame) -> int | None:
 
 def diagnosis_of(recording: Recording, pid: int, thresholds: LeakThresholds) -> tuple[Diagnosis, bool]:
     """(the diagnosis, whether it was recorded) for `pid` at the end of the recording."""
-    recorded = recording.events_of("diagnosis", pid)
-    if recorded:
-        return recorded[-1].value, True
+    recorded = recording.findings.best_diagnosis(pid)
+    if recorded is not None:
+        return recorded, True
     frame = recording.frame(len(recording) - 1)
     span = recording.end - recording.start + 1.0
     evidence = evidence_of(pid, span, frame, frame.time, recording.history, recording.device_history)
-    allocations = recording.events_of("allocations", pid)
     evidence = replace(
         evidence,
-        attribution=allocations[-1].value if allocations else None,
+        attribution=recording.findings.best_attribution(pid),
         serving_start=next((s for s in recording.serving if s.ok), None),
         serving_end=recording.serving[-1] if recording.serving else None,
     )
@@ -108,7 +109,7 @@ def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
         f"{format_bytes(d.memory.start_bytes)} → {format_bytes(d.memory.end_bytes)} over {d.duration_s:.0f} s, "
         f"{growth} MB/s ({how}).",
         "",
-        f"Command: {md_code(d.command, empty='not known')}",
+        f"Command: {md_code(d.command.strip(), empty='not known')}",
         "",
         "## The seven steps",
         "",
@@ -187,9 +188,8 @@ def _suspects(recording: Recording, d: Diagnosis, pid: int) -> list[str]:
                 out += [f"Stack of suspect {i} (innermost first):", ""]
                 out += md_block([f"{f.function}  {f.file}:{f.line}" for f in s.stack[:20]])
                 out += [""]
-    dumps = recording.events_of("stacks", pid)
-    if dumps:
-        dump = dumps[-1].value
+    dump = recording.findings.latest("stacks", pid)
+    if dump is not None:
         out += [f"## Stacks of PID {pid} at {_when(dump.time)} ({md_text(dump.mode)} py-spy dump)", ""]
         lines = []
         for thread in dump.threads:
@@ -218,7 +218,8 @@ def _processes(last: Frame, subject: int | None) -> list[str]:
            "| PID | user | GPU | GPU memory | RSS | growth MB/s | command |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         gpu = "-" if r.gpu is None else str(r.gpu)
-        command = r.command if len(r.command) <= 80 else r.command[:79] + "…"
+        command = r.command.strip()
+        command = command if len(command) <= 80 else command[:79] + "…"
         out.append(
             f"| {r.pid} | {md_text(r.user or '?')} | {gpu} | {format_bytes(r.gpu_memory_bytes)} | {format_bytes(r.rss_bytes)} "
             f"| {format_rate(r.growth_bytes_per_s, na='-')} | {md_code(command, in_table=True)} |"

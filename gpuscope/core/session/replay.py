@@ -1,8 +1,10 @@
-"""Replay: a recording behind the same Source interface as the live node.
+"""Replay: a recording behind the same Session interface as the live node.
 
 The console cannot tell the difference except by what the frames say (`source="replay"` and a
-`replay` position): the same panels, charts rebuilt from the recorded series, the service's
-recorded signals, and the stacks, allocation sites and diagnoses recorded with the session.
+`replay` position) and the capability flags (nothing is attached, a time cursor moves): the same
+panels, charts rebuilt from the recorded series, the service's recorded signals, and the stacks,
+allocation sites and diagnoses recorded with the session, as they stood at the cursor. A
+recording made for one process (`snapshot --pid`, `gpuscope --pid`) opens on that process.
 What could not be read of the file (damaged records skipped) is a notice on every frame.
 A time cursor plays, pauses, steps, jumps and changes speed; a thread moves it while playing.
 """
@@ -17,27 +19,30 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuscope.core.diagnosis import Evidence
-from gpuscope.core.journal import export_file
+from gpuscope.core.allocations import Attribution
+from gpuscope.core.diagnosis import Diagnosis, Evidence, diagnose
+from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.model import Frame, ProcessDetail, ReplayPosition
 from gpuscope.core.node import CHART_WINDOW_S, evidence_of
-from gpuscope.core.recording import Recording
 from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.core.session.export import export_file
+from gpuscope.core.session.interface import Session
+from gpuscope.core.session.recording import Recording
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 MAX_WAIT_S = 1.0  # a long gap in the recording plays as at most this long
 
 
-class ReplaySource:
-    kind = "replay"
+class ReplaySession(Session):
+    can_seek = True
 
     def __init__(self, recording: Recording, *, playing: bool = True, speed: float = 1.0) -> None:
         self.recording = recording
         self._index = 0
         self._playing = playing and len(recording) > 1
         self._speed = speed
-        self._selected: int | None = None
-        self._focus: int | None = None
+        self._selected: int | None = recording.subject
+        self._focus: int | None = recording.subject
         self._on_frame: Callable[[Frame], None] | None = None
         self._on_serving: Callable[[ServingSnapshot], None] | None = None
         self._last_serving: ServingSnapshot | None = None
@@ -45,12 +50,13 @@ class ReplaySource:
         self._moved = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._play, name="gpuscope-replay", daemon=True)
-        self.serving = ReplayServing(self)
 
-    # -- Source interface -------------------------------------------------------------------
+    # -- Session interface ------------------------------------------------------------------
 
-    def start(self, on_frame: Callable[[Frame], None]) -> None:
+    def start(self, on_frame: Callable[[Frame], None], on_serving: Callable[[ServingSnapshot], None] | None = None) -> None:
         self._on_frame = on_frame
+        if self.recording.serving:
+            self._on_serving = on_serving
         self._emit()
         self._thread.start()
 
@@ -75,10 +81,28 @@ class ReplaySource:
         with self._lock:
             frame = rec.frame(self._index)
         evidence = evidence_of(pid, seconds, frame, frame.time, rec.history, rec.device_history)
-        found = self.recorded("allocations", pid)
-        return replace(evidence, attribution=found, serving_end=rec.serving_at(frame.time))
+        return replace(evidence, attribution=self.best_attribution(pid), serving_end=rec.serving_at(frame.time))
 
-    # -- what was recorded -------------------------------------------------------------------
+    def recorded(self, kind: str, pid: int) -> Any:
+        """The last `kind` finding ("stacks", "allocations", ...) of `pid` up to the cursor, or None."""
+        return self.recording.findings.latest(kind, pid, until=self.now)
+
+    def best_attribution(self, pid: int) -> Attribution | None:
+        return self.recording.findings.best_attribution(pid, until=self.now)
+
+    def diagnose(self, pid: int, evidence: Evidence, thresholds: LeakThresholds) -> tuple[Diagnosis, str]:
+        """The most informative diagnosis the session made of `pid` by the cursor, else one
+        computed from the recording (and not recorded: a replay writes nothing)."""
+        recorded = self.recording.findings.best_diagnosis(pid, until=self.now)
+        if recorded is not None:
+            return recorded, "as recorded during the session"
+        return diagnose(evidence, thresholds), "from the recording"
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    @property
+    def can_export(self) -> bool:
+        return True
 
     def export(self, target: Path, since: float | None = None, until: float | None = None) -> Future:
         """A snapshot of the recording (or of a part of it), written on a thread of its own."""
@@ -92,12 +116,6 @@ class ReplaySource:
 
         threading.Thread(target=write, name="gpuscope-export", daemon=True).start()
         return done
-
-    def recorded(self, kind: str, pid: int | None) -> Any:
-        """The last `kind` event ("stacks", "allocations", ...) of `pid` up to the cursor, or None."""
-        now = self.now
-        events = self.recording.events_of(kind, pid, until=now)
-        return events[-1].value if events else None
 
     # -- the time cursor ---------------------------------------------------------------------
 
@@ -128,6 +146,9 @@ class ReplaySource:
 
     def jump(self, seconds: float) -> None:
         self.seek(self.now + seconds)
+
+    def seek_to(self, text: str) -> None:
+        self.seek(parse_time(text, self.recording, self.now))
 
     def faster(self, steps: int = 1) -> None:
         with self._lock:
@@ -197,21 +218,6 @@ def _detail_from_rows(frame: Frame, pid: int) -> ProcessDetail:
         pid=pid, user=row.user if row else None, command=row.command if row else "", exe=None, cwd=None,
         threads=None, python_version=None, status=None, create_time=None, exited=row is None,
     )
-
-
-class ReplayServing:
-    """The recording's serving snapshots, behind the interface of the live ServingSource."""
-
-    def __init__(self, source: ReplaySource) -> None:
-        self._source = source
-
-    def start(self, on_snapshot: Callable[[ServingSnapshot], None]) -> None:
-        self._source._on_serving = on_snapshot
-        self._source._last_serving = None
-        self._source._emit()
-
-    def stop(self) -> None:
-        self._source._on_serving = None
 
 
 def parse_time(text: str, recording: Recording, now: float) -> float:
