@@ -542,3 +542,24 @@ def test_held_bytes_that_come_and_go_are_balanced_and_too_few_readings_say_nothi
     assert held_trend(times, [20_000_000 * (t % 2) for t in times]).kind == "balanced"
     assert held_trend(times[:3], [0, 5e6, 1e7]).kind == "insufficient-data"
     assert held_trend(times, [1000 * t for t in times]).kind == "balanced"  # 15 kB in all: too little to count
+
+
+def test_watch_lists_a_live_leak_before_an_exited_one_and_forgets_the_exited_one_after_a_minute():
+    """The faster leaker exits at 200 s: its alert stays a minute, marked ended and after the live
+    leak (slower, but live), then goes with its series. Data time is the watch's only clock."""
+    watch = LeakWatch()
+    fast = series(400, lambda t: 8 * MB * t, seed=40)
+    slow = series(400, lambda t: 3 * MB * t, seed=41)
+    for i in range(401):
+        if i <= 200:
+            watch.add("fast", fast[0][i], fast[1][i])
+        watch.add("slow", slow[0][i], slow[1][i])
+        alerts = watch.update()
+        if i == 200:
+            assert [a.key for a in alerts] == ["fast", "slow"] and not any(a.ended for a in alerts)
+        if i == 230:
+            assert [(a.key, a.ended) for a in alerts] == [("slow", False), ("fast", True)]
+        if i == 259:
+            assert "fast" in watch.keys()
+        if i == 261:
+            assert [a.key for a in alerts] == ["slow"] and "fast" not in watch.keys()

@@ -946,6 +946,10 @@ class LeakAlert:
     key: Hashable
     assessment: LeakAssessment
     raised_at: float  # data time of the first assessment of this run of "leak" verdicts
+    # No sample came for this series at the latest time any series was fed: its process exited
+    # (or left the device). Such an alert is listed after every live one, and goes once the series
+    # has been silent for `LeakWatch.forget_after_s`.
+    ended: bool = False
 
     @property
     def growth_bytes_per_s(self) -> float:
@@ -962,7 +966,7 @@ class LeakAlert:
 
 class _Watched:
     __slots__ = ("sketch", "allocated", "reserved", "total", "fresh", "assessed_at", "views", "assessment",
-                 "raised_at", "phase", "pending")
+                 "raised_at", "phase", "pending", "fed_at")
 
     def __init__(self, sketch: FloorSketch, phase: float) -> None:
         self.sketch = sketch
@@ -977,6 +981,7 @@ class _Watched:
         self.raised_at: float | None = None
         # A young leak awaiting confirmation: (first, latest) time it was called a leak.
         self.pending: tuple[float, float] | None = None
+        self.fed_at: float | None = None  # the latest time given to add(), available value or not
 
 
 @dataclass
@@ -990,8 +995,9 @@ class LeakWatch:
     12 minutes, the 10 s one every second): a tick costs a few small fits per series, not a pass
     over its samples.
     Memory is bounded: each series is a `FloorSketch` over `window_s`; at most `max_series`
-    series are kept (the least recently fed go first), and a series silent for `window_s`
-    is dropped.
+    series are kept (the least recently fed go first). A series that is no longer fed (its
+    process exited) is forgotten `forget_after_s` after its last sample, on the data clock of the
+    other series: its alert, marked `ended` meanwhile, is never listed above a live one.
 
     Alerts: a leak whose growth has lasted under three times the fast rule's duration (30 s) is
     raised once it has been called a leak over `confirm_s` seconds of data, with no gap longer
@@ -1010,6 +1016,7 @@ class LeakWatch:
     refresh_fraction: float = 0.05
     confirm_s: float = 3.0
     max_series: int = 2048  # as SeriesStore's: a big node's every process keeps its verdict
+    forget_after_s: float = 60.0
     _series: dict[Hashable, _Watched] = field(default_factory=dict, init=False, repr=False, compare=False)
     _born: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -1040,6 +1047,8 @@ class LeakWatch:
             if len(self._series) >= self.max_series:
                 del self._series[next(iter(self._series))]
         self._series[key] = s
+        if s.fed_at is None or t > s.fed_at:
+            s.fed_at = t
         if s.sketch.add(t, value):
             s.fresh = True
         if allocated is not None:
@@ -1063,11 +1072,10 @@ class LeakWatch:
 
     def update(self) -> list[LeakAlert]:
         """Re-assess the series that need it; the current alerts, fastest growth first."""
-        newest = max((s.sketch.last_time for s in self._series.values() if s.sketch.last_time is not None),
-                     default=None)
+        newest = self._newest_fed()
         if newest is not None:
             for key in [k for k, s in self._series.items()
-                        if s.sketch.last_time is not None and s.sketch.last_time < newest - self.window_s]:
+                        if s.fed_at is not None and s.fed_at < newest - self.forget_after_s]:
                 del self._series[key]
         for s in self._series.values():
             now = s.sketch.last_time
@@ -1101,10 +1109,16 @@ class LeakWatch:
                 s.raised_at = None
         return self.alerts()
 
+    def _newest_fed(self) -> float | None:
+        return max((s.fed_at for s in self._series.values() if s.fed_at is not None), default=None)
+
     def alerts(self) -> list[LeakAlert]:
-        out = [LeakAlert(k, s.assessment, s.raised_at) for k, s in self._series.items()
+        """The series called a leak now: live ones first, then ended ones; fastest growth first in each."""
+        newest = self._newest_fed()
+        out = [LeakAlert(k, s.assessment, s.raised_at, ended=s.fed_at is not None and s.fed_at < newest)
+               for k, s in self._series.items()
                if s.assessment is not None and s.assessment.verdict == "leak" and s.raised_at is not None]
-        out.sort(key=lambda a: -a.growth_bytes_per_s)
+        out.sort(key=lambda a: (a.ended, -a.growth_bytes_per_s))
         return out
 
     def _judge(self, s: _Watched, name: str, sketch: FloorSketch, now: float) -> _View | None:
