@@ -20,6 +20,7 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.widget import Widget
 
+from gpuscope.core.command_display import display_command
 from gpuscope.core.model import ProcessRow
 from gpuscope.core.printable import printable
 from gpuscope.core.units import format_bytes, format_rate
@@ -68,7 +69,7 @@ def row_cells(row: ProcessRow, growth_style: str) -> dict[str, tuple[str, str]]:
         "rss": (format_bytes(row.rss_bytes), ""),
         "growth": grow,
         "cpu": ("" if row.cpu_percent is None else f"{row.cpu_percent:.0f}", ""),
-        "command": (printable(row.command), ""),
+        "command": (display_command(row.command), ""),
     }
 
 
