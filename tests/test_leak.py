@@ -77,7 +77,7 @@ def test_a_step_then_flat_is_not_a_leak():
     a = check(assess(times, values))
     assert (a.verdict, a.pattern) == ("no-leak", "step-then-plateau"), a.reason
     assert a.since == pytest.approx(12.0, abs=2.0)
-    assert "+2.0 GB step at 12 s" in a.reason
+    assert "+1.9 GiB step at 12 s" in a.reason
     assert abs(a.growth_bytes_per_s) < 0.05 * MB  # flat since
     assert a.confidence >= 0.5
 
@@ -108,7 +108,7 @@ def test_warm_up_ramp_then_plateau_is_not_a_leak_once_the_plateau_is_long_enough
     assert short.verdict != "no-leak", short.reason
     long = check(assess(*series(1800, shape, seed=7)))
     assert (long.verdict, long.pattern) == ("no-leak", "step-then-plateau"), long.reason
-    assert "warm-up" in long.reason and "1.5 GB" in long.reason
+    assert "warm-up" in long.reason and "1.4 GiB" in long.reason
     assert long.since == pytest.approx(0.0)
 
 

@@ -11,15 +11,9 @@ from textual.message import Message
 
 from gpuscope.core.model import Alert, Frame
 from gpuscope.core.printable import printable
-from gpuscope.core.units import format_rate
+from gpuscope.core.units import format_duration, format_rate
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def describe(alert: Alert, palette: Palette = DEFAULT_PALETTE) -> Text:
@@ -30,7 +24,7 @@ def describe(alert: Alert, palette: Palette = DEFAULT_PALETTE) -> Text:
     if alert.since is not None:
         text.append(f" since {time.strftime('%H:%M:%S', time.localtime(alert.since))}")
     if alert.time_to_full_s is not None:
-        text.append(f" · full in {_duration(alert.time_to_full_s)}", style="bold")
+        text.append(f" · full in {format_duration(alert.time_to_full_s)}", style="bold")
     text.append(f" · {alert.confidence:.0%} sure")
     return text
 
