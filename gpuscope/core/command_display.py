@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 
-from gpuscope.core.host import is_python
+from gpuscope.core.target import is_python
 from gpuscope.core.printable import printable
 
 SEPARATOR = " · "

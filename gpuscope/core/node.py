@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuscope.core.growth import floor_growth
-from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess, is_python
+from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess
+from gpuscope.core.target import is_python
 from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series
 from gpuscope.core.leak import LeakAlert, LeakThresholds, LeakWatch
 from gpuscope.core.model import (
