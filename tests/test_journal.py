@@ -17,7 +17,7 @@ import pytest
 
 from frames import T0, frame, rows
 from gpuscope.core import journal as journal_mod
-from gpuscope.core.allocations import Attribution, Rung
+from gpuscope.core.attribution import Attribution, Rung
 from gpuscope.core.journal import KEYFRAME_EVERY, Journal, prune, session_meta
 from gpuscope.core.recording import RecordingError, open_recording
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect, ThreadStack

@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuscope.core.allocations import Attribution
+from gpuscope.core.attribution import Attribution
 from gpuscope.core.growth import floor_growth, theil_sen
 from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend
 from gpuscope.core.markdown import md_code, md_text

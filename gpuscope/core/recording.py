@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope.core import journal
-from gpuscope.core.allocations import Attribution
+from gpuscope.core.attribution import Attribution
 from gpuscope.core.atomic import kind_of
 from gpuscope.core.codec import DecodeError, Decoder
 from gpuscope.core.diagnosis import Diagnosis
