@@ -15,7 +15,7 @@ import venv
 import psutil
 import pytest
 
-from gpuscope.core import allocations, privilege
+from gpuscope.core import allocations, attribution, privilege
 
 from helpers import wait_until
 
@@ -87,7 +87,7 @@ def test_memray_names_the_leaking_function_first(tmp_path, case):
     run = subprocess.run([sys.executable, "-m", "memray", "run", "--aggregate", "-q", "-o", str(capture), str(script)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    suspects = allocations.suspects_from_capture(str(capture), (str(tmp_path) + "/",))
+    suspects = attribution.suspects_from_capture(str(capture), (str(tmp_path) + "/",))
     assert suspects[0].function == leaker and suspects[0].method == "memray"
     assert suspects[0].bytes > 0 and suspects[0].share > 0.5 and suspects[0].file == str(script)
 
@@ -187,7 +187,7 @@ def test_a_process_with_a_probe_has_its_leak_named_by_memray_in_process(spawn_py
     result = allocations.attribute(child.pid, 2.0)
     assert result.method == "memray" and result.confidence == "high"
     torch_rung, memray_rung = result.rungs
-    assert torch_rung == allocations.Rung("torch-history", "skipped", "torch is not imported in the process")
+    assert torch_rung == attribution.Rung("torch-history", "skipped", "torch is not imported in the process")
     assert memray_rung.status == "used" and memray_rung.detail.startswith("in process through gpuscope's probe")
     top = result.suspects[0]
     assert top.function == "leak" and top.method == "memray" and top.share > 0.5 and top.bytes >= 10 * 100_000

@@ -35,3 +35,14 @@ def test_too_little_data_says_nothing():
 def test_theil_sen_ignores_one_outlier():
     pts = [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0), (3.0, 100.0), (4.0, 4.0)]
     assert theil_sen(pts) == pytest.approx(1.0)
+
+
+def test_one_formatting_binary_sizes_decimal_rates_and_durations():
+    from gpuscope.core.units import format_bytes, format_duration, format_size, format_speed
+
+    assert format_bytes(1536) == "1.5K" and format_bytes(3 << 30) == "3.0G" and format_bytes(None) == "N/A"
+    assert format_size(2 << 30, sign=True) == "+2.0 GiB" and format_size(340 << 20) == "340 MiB"
+    assert format_size(-(3 << 10)) == "-3.0 KiB" and format_size(12) == "12 B"
+    assert format_speed(2e6) == "2.0 MB/s" and format_speed(0.14e6) == "0.14 MB/s" and format_speed(120e6) == "120 MB/s"
+    assert [format_duration(s) for s in (4.5, 42, 1020, 11520)] == ["4.5 s", "42 s", "17 min", "3.2 h"]
+    assert format_duration(None) == "?" and format_duration(math.inf, na="never") == "never"

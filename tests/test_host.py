@@ -6,7 +6,8 @@ import sys
 import psutil
 import pytest
 
-from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, check_attachable, is_python
+from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, check_attachable
+from gpuscope.core.target import is_python
 from gpuscope.core.node import NodeSource
 
 from helpers import IDLER, LEAKER, wait_until
@@ -74,3 +75,15 @@ def test_an_attached_process_that_exits_keeps_its_details_and_chart(spawn_python
     frame = source.sample_once()
     assert frame.focus.exited and frame.focus.pid == child.pid
     assert frame.chart is not None and len(frame.chart.ages) == 2
+
+
+def test_one_python_version_detection_for_the_console_and_the_injection():
+    import os
+
+    from gpuscope.core.host import HostCollector
+    from gpuscope.core.target import python_version_of, version_in_name
+
+    assert python_version_of(os.getpid()) == sys.version_info[:2]
+    assert HostCollector().detail(os.getpid()).python_version.startswith("%d.%d" % sys.version_info[:2])
+    assert version_in_name("/usr/bin/python3.12") == (3, 12) and version_in_name("/usr/bin/pypy3.10") == (3, 10)
+    assert version_in_name("/usr/bin/python3") is None and version_in_name(None) is None

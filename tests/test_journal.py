@@ -17,7 +17,7 @@ import pytest
 
 from frames import T0, frame, rows
 from gpuscope.core.session import format as journal_mod
-from gpuscope.core.allocations import Attribution, Rung
+from gpuscope.core.attribution import Attribution, Rung
 from gpuscope.core.session.format import KEYFRAME_EVERY, session_meta
 from gpuscope.core.session.journal import Journal
 from gpuscope.core.session.retention import prune

@@ -77,7 +77,7 @@ def test_a_step_then_flat_is_not_a_leak():
     a = check(assess(times, values))
     assert (a.verdict, a.pattern) == ("no-leak", "step-then-plateau"), a.reason
     assert a.since == pytest.approx(12.0, abs=2.0)
-    assert "+2.0 GB step at 12 s" in a.reason
+    assert "+1.9 GiB step at 12 s" in a.reason
     assert abs(a.growth_bytes_per_s) < 0.05 * MB  # flat since
     assert a.confidence >= 0.5
 
@@ -108,7 +108,7 @@ def test_warm_up_ramp_then_plateau_is_not_a_leak_once_the_plateau_is_long_enough
     assert short.verdict != "no-leak", short.reason
     long = check(assess(*series(1800, shape, seed=7)))
     assert (long.verdict, long.pattern) == ("no-leak", "step-then-plateau"), long.reason
-    assert "warm-up" in long.reason and "1.5 GB" in long.reason
+    assert "warm-up" in long.reason and "1.4 GiB" in long.reason
     assert long.since == pytest.approx(0.0)
 
 
@@ -542,3 +542,24 @@ def test_held_bytes_that_come_and_go_are_balanced_and_too_few_readings_say_nothi
     assert held_trend(times, [20_000_000 * (t % 2) for t in times]).kind == "balanced"
     assert held_trend(times[:3], [0, 5e6, 1e7]).kind == "insufficient-data"
     assert held_trend(times, [1000 * t for t in times]).kind == "balanced"  # 15 kB in all: too little to count
+
+
+def test_watch_lists_a_live_leak_before_an_exited_one_and_forgets_the_exited_one_after_a_minute():
+    """The faster leaker exits at 200 s: its alert stays a minute, marked ended and after the live
+    leak (slower, but live), then goes with its series. Data time is the watch's only clock."""
+    watch = LeakWatch()
+    fast = series(400, lambda t: 8 * MB * t, seed=40)
+    slow = series(400, lambda t: 3 * MB * t, seed=41)
+    for i in range(401):
+        if i <= 200:
+            watch.add("fast", fast[0][i], fast[1][i])
+        watch.add("slow", slow[0][i], slow[1][i])
+        alerts = watch.update()
+        if i == 200:
+            assert [a.key for a in alerts] == ["fast", "slow"] and not any(a.ended for a in alerts)
+        if i == 230:
+            assert [(a.key, a.ended) for a in alerts] == [("slow", False), ("fast", True)]
+        if i == 259:
+            assert "fast" in watch.keys()
+        if i == 261:
+            assert [a.key for a in alerts] == ["slow"] and "fast" not in watch.keys()

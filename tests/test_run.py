@@ -16,7 +16,8 @@ import textwrap
 import psutil
 import pytest
 
-from gpuscope.core import allocations, inject, probe_client
+from gpuscope.core import inject, probe_client
+from gpuscope.core.target import injection_problem, python_version_of, target_interpreter
 
 from helpers import gpuscope_cmd, wait_until
 
@@ -163,7 +164,7 @@ def test_a_process_that_already_has_a_probe_is_left_alone(tmp_path, launched):
 def test_injection_refuses_where_gdb_harms_processes_and_the_target_lives(spawn_python):
     """Here gdb kills what it calls into; the refusal must say so and touch nothing."""
     target = spawn_python(IDLE_PY)
-    problem = allocations.injection_problem(allocations.target_interpreter(target.pid))
+    problem = injection_problem(target_interpreter(target.pid))
     if problem is None:
         pytest.skip("gdb can inject safely on this machine: the refusal path does not apply here")
     warned = []
@@ -181,10 +182,10 @@ def test_injection_refuses_where_gdb_harms_processes_and_the_target_lives(spawn_
 
 def test_injection_through_gdb_starts_the_probe_in_a_running_python(spawn_python):
     target = spawn_python(IDLE_PY)
-    version = inject.python_version_of(target.pid)
+    version = python_version_of(target.pid)
     if version is None or version >= (3, 14):
         pytest.skip(f"the gdb route is for Python before 3.14; this target runs {version}")
-    problem = allocations.injection_problem(allocations.target_interpreter(target.pid))
+    problem = injection_problem(target_interpreter(target.pid))
     if problem:
         pytest.skip(f"injection is unsafe here: {problem}")
     with pytest.raises(inject.InjectRefused, match="has not imported torch"):

@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 
 from gpuscope.commands import snapshot
-from gpuscope.core.allocations import Attribution, Rung
+from gpuscope.core.attribution import Attribution, Rung
 from gpuscope.core.host import SeenProcess
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.model import Alert, HostMemory, HostProcess, NvmlReading

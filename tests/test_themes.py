@@ -122,3 +122,44 @@ async def test_no_animations_unless_asked_for(monkeypatch):
     assert app.animation_level == "none"
     monkeypatch.setenv("TEXTUAL_ANIMATIONS", "full")
     assert GpuScopeApp(FakeSource(frame())).animation_level != "none"
+
+
+def drawn_colours(strips, chars=None) -> set[str]:
+    """The foreground colours (#rrggbb) of what is drawn, only of `chars` if given."""
+    return {seg.style.color.get_truecolor().hex.lower() for strip in strips for seg in strip
+            if seg.style is not None and seg.style.color is not None and seg.text.strip()
+            and (chars is None or any(c in chars for c in seg.text))}
+
+
+BRAILLE = {chr(c) for c in range(0x2801, 0x2900)}
+
+
+@pytest.mark.parametrize("theme", ["gpuscope-light", "gpuscope-high-contrast"])
+async def test_switching_theme_recolours_the_chart_lines_the_growth_column_and_the_device_bars(theme):
+    """The app's theme is set directly (no hook of the app's own): each widget follows it by itself."""
+    spec = load_themes()[0][theme]
+    dark = load_themes()[0]["gpuscope-dark"]
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        from gpuscope.tui.chart import MemoryChart
+        from gpuscope.tui.processes import ProcessTable
+        from gpuscope.tui.textlines import TextLines
+
+        chart = app.query_one(MemoryChart)
+        growth = app.query_one(ProcessTable).query_one("#col-growth", TextLines)
+        bars = app.query_one("#dev-bars", TextLines)
+
+        def seen():
+            chart.render_line(0)  # the chart draws its lines when painted
+            return drawn_colours(chart._strips, BRAILLE), drawn_colours(growth._strips), drawn_colours(bars._strips)
+
+        before = seen()
+        assert dark.variables["gpuscope-gpu"].lower() in before[0]
+        app.theme = theme
+        await pilot.pause()
+        lines, column, device = seen()
+        assert spec.variables["gpuscope-gpu"].lower() in lines and spec.variables["gpuscope-rss"].lower() in lines
+        assert dark.variables["gpuscope-gpu"].lower() not in lines
+        assert spec.variables["gpuscope-growth"].lower() in column and column != before[1]
+        assert spec.colours["success"].lower() in device and device != before[2]

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from textual.widgets import OptionList
 
-from gpuscope.core.allocations import Attribution, Rung
+from gpuscope.core.attribution import Attribution, Rung
 from gpuscope.core.model import Alert
 from gpuscope.core.stacks import OWN, StackFrame, Suspect
 from gpuscope.tui.alerts import AlertBar

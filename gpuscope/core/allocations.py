@@ -30,7 +30,7 @@ process with a probe needs none of that: it runs memray's tracker itself when as
 
 gpuscope usually runs as root, and the target's interpreter, environment and files belong to its
 owner: the checks that run them (is memray importable there, which Python is it, the throwaway
-process) run as that owner (`gpuscope.core.privilege`), gdb reads no init file and auto-loads
+process) run as that owner (`gpuscope.core.privilege`; the checks live in `gpuscope.core.target`), gdb reads no init file and auto-loads
 nothing from the target's files, and the capture memray writes goes into a folder of the
 owner's inside a private one of gpuscope's, read only as a regular file of the owner's.
 `memray attach` runs gpuscope's own memray, whose gdb also reads no init file (so gdb's
@@ -40,269 +40,36 @@ auto-load safe-path stays the system's folders).
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
 import sys
-import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 
 from gpuscope.core import privilege, probe_client, pyspy
 from gpuscope.core.printable import printable_line
-from gpuscope.core.stacks import StackDump, StackFrame, Suspect, classify, owner_frame
+from gpuscope.core.attribution import (
+    Attribution,
+    Rung,
+    Site,
+    sites_from_records,
+    suspects_from_capture,
+    suspects_from_records,
+    suspects_from_stacks,
+)
+from gpuscope.core.stacks import StackDump, StackFrame, Suspect
+from gpuscope.core.target import Interpreter, injection_problem, python_version, run_python, target_interpreter
 
 MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC = (3, 14)
 ATTACH_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class Rung:
-    """What one rung of the ladder did: "used", "skipped" or "failed", and why."""
-
-    method: str
-    status: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class Site:
-    """What one allocation site (an owning frame) held at each time of `Attribution.times`."""
-
-    function: str
-    file: str
-    line: int
-    held: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    pid: int
-    suspects: tuple[Suspect, ...]  # best first
-    rungs: tuple[Rung, ...]
-    method: str | None  # the rung the suspects come from
-    confidence: str  # "high" (allocation tracking) | "low" (stack sampling) | "none"
-    duration_s: float = 0.0
-    notes: tuple[str, ...] = field(default=())
-    times: tuple[float, ...] = ()  # seconds since tracking began, for `sites`
-    sites: tuple[Site, ...] = ()  # held bytes over time, per site (trackers that read it over time)
-    window: tuple[float, float] | None = None  # when a tracker ran inside the process (time.time())
-    cost: dict = field(default_factory=dict)  # the tracker's: "rss_before", "rss_tracking", "rss_after", "from", "sees"
 
 
 class AttachRefused(Exception):
     """memray will not be attached; the message says why and what to do instead."""
 
 
-# -- grouping allocation stacks into suspects ------------------------------------------------------
-
-
-def suspects_from_stacks(
-    weighted: Sequence[tuple[Sequence[StackFrame], float, int]], method: str, *, known_bytes: bool, limit: int = 10
-) -> tuple[Suspect, ...]:
-    """Group (stack innermost-first, weight, count) by the owning frame of each stack."""
-    weight: dict[tuple[str, str, int], float] = defaultdict(float)
-    count: dict[tuple[str, str, int], int] = defaultdict(int)
-    stack_of: dict[tuple[str, str, int], tuple[StackFrame, ...]] = {}  # the heaviest stack behind each
-    heaviest: dict[tuple[str, str, int], float] = defaultdict(float)
-    for frames, w, n in weighted:
-        owner = owner_frame(frames)
-        if owner is None or w <= 0:
-            continue
-        key = (owner.function, owner.file, owner.line)
-        weight[key] += w
-        count[key] += n
-        if w > heaviest[key]:
-            heaviest[key] = w
-            stack_of[key] = tuple(frames)
-    total = sum(weight.values())
-    ranked = sorted(weight, key=lambda k: -weight[k])[:limit]
-    return tuple(
-        Suspect(
-            function=k[0],
-            file=k[1],
-            line=k[2],
-            bytes=int(weight[k]) if known_bytes else None,
-            share=weight[k] / total if total else 0.0,
-            method=method,
-            stack=stack_of[k],
-            count=count[k],
-        )
-        for k in ranked
-    )
-
-
-def suspects_from_records(
-    records: Sequence[tuple[Sequence[Sequence], float, int]], roots: Sequence[str] = (), method: str = "memray"
-) -> tuple[Suspect, ...]:
-    """Allocation stacks (frames as (function, file, line), innermost first; bytes; count) by owning
-    frame, largest first: the grouping every allocation-tracking rung shares."""
-    weighted = []
-    for frames, size, n in records:
-        stack = tuple(
-            StackFrame(function=str(fn), file=str(filename), line=int(line or 0), kind=classify(str(filename), own_roots=roots))
-            for fn, filename, line in frames
-        )
-        weighted.append((stack, float(size), int(n)))
-    return suspects_from_stacks(weighted, method, known_bytes=True)
-
-
-def sites_from_records(groups: Sequence[dict], times: Sequence[float], roots: Sequence[str] = ()) -> tuple[Site, ...]:
-    """Held-over-time records of a tracker (`held` per record, aligned with `times`) summed by
-    owning frame, the largest at the end first."""
-    held: dict[tuple[str, str, int], list[int]] = {}
-    for g in groups:
-        series = g.get("held")
-        frames = g.get("frames") or ()
-        if not isinstance(series, list) or len(series) != len(times):
-            continue
-        stack = tuple(
-            StackFrame(function=str(f[0]), file=str(f[1]), line=int(f[2] or 0), kind=classify(str(f[1]), own_roots=roots))
-            for f in frames if isinstance(f, (list, tuple)) and len(f) == 3
-        )
-        owner = owner_frame(stack)
-        if owner is None:
-            continue
-        total = held.setdefault((owner.function, owner.file, owner.line), [0] * len(times))
-        for k, v in enumerate(series):
-            total[k] += int(v or 0)
-    ranked = sorted(held.items(), key=lambda kv: -kv[1][-1])
-    return tuple(Site(k[0], k[1], k[2], tuple(v)) for k, v in ranked)
-
-
-def suspects_from_capture(path: str, roots: Sequence[str] = ()) -> tuple[Suspect, ...]:
-    """The allocations still alive at the end of a memray capture, by owning frame, largest first."""
-    from gpuscope.probe import leaked_records  # noqa: PLC0415 - imports memray: only this rung needs it
-
-    return suspects_from_records(leaked_records(path), roots)
-
-
 # -- can memray be attached to this process, safely? -----------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Interpreter:
-    """The interpreter that runs a process, the environment it imports with, and whose rights run it."""
-
-    path: str
-    env: dict[str, str]
-    owner: privilege.Owner
-
-
-def target_interpreter(pid: int) -> Interpreter:
-    """The interpreter that runs `pid`, to be run only with the rights of the process's owner.
-
-    argv[0] is preferred to /proc/PID/exe: a virtualenv's python resolves to the base interpreter,
-    which would not see the venv's packages. argv[0] is whatever the process set, so it (and its
-    environment) are run only as the process's owner (`gpuscope.core.privilege`). Only the
-    variables that decide imports are taken from the target's environment (it may hold secrets).
-    Raises psutil errors, privilege.NotPermitted.
-    """
-    proc = psutil.Process(pid)
-    args = proc.cmdline()
-    exe = proc.exe()
-    try:
-        owner = privilege.owner_of(pid)
-    except (OSError, ValueError):
-        raise psutil.NoSuchProcess(pid) from None
-    privilege.require_can_act_as(owner, pid)
-    python = args[0] if args and os.path.isabs(args[0]) and os.access(args[0], os.X_OK) else exe
-    env = {"PATH": privilege.SAFE_PATH}
-    try:
-        theirs = proc.environ()
-    except psutil.AccessDenied:
-        theirs = {}
-    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONNOUSERSITE"):
-        if name in theirs:
-            env[name] = theirs[name]
-    return Interpreter(python, env, owner)
-
-
-def run_python(interpreter: Interpreter, code: str, timeout: float) -> subprocess.CompletedProcess | None:
-    """`python -c code` with the target's interpreter and imports, as the target's owner."""
-    return privilege.run_as(interpreter.owner, [interpreter.path, "-c", code], env=interpreter.env, timeout=timeout)
-
-
-def python_version(interpreter: Interpreter) -> tuple[int, int] | None:
-    out = run_python(interpreter, "import sys; print('%d %d' % sys.version_info[:2])", 20)
-    if out is None or out.returncode != 0:
-        return None
-    try:
-        major, minor = out.stdout.split()
-        return int(major), int(minor)
-    except ValueError:
-        return None
-
-
-# gdb started by gpuscope reads no init file (-nx) and auto-loads nothing (no script, no
-# libthread_db) from the files of the process it attaches to: those belong to the target's owner.
-GDB_SAFE = ["-nx", "-iex", "set auto-load off"]
-
-_SAFE_INJECTION: dict[tuple[str, int], str | None] = {}  # (interpreter, owner) -> None if safe, else why not
-_SAFE_LOCK = threading.Lock()
-
-
-def injection_problem(interpreter: Interpreter) -> str | None:
-    """Why gdb must not call into a process of this interpreter here (None: it is safe).
-
-    gdb attaches to a throwaway `python -c "sleep"` (run as the target's owner) and calls a
-    function in it, as memray's injection does; if gdb reports an error, or the throwaway does not
-    survive unharmed, the real target would not either.
-    """
-    key = (interpreter.path, interpreter.owner.uid)
-    with _SAFE_LOCK:
-        if key in _SAFE_INJECTION:
-            return _SAFE_INJECTION[key]
-        gdb = shutil.which("gdb")
-        if gdb is None:
-            problem = "gdb is not installed (memray needs it to attach before Python 3.14): apt-get install gdb"
-        else:
-            problem = _canary(gdb, interpreter)
-        _SAFE_INJECTION[key] = problem
-        return problem
-
-
-_CANARY = (
-    "import sys, time\n"
-    "print('ready', flush=True)\n"
-    "for _ in range(600):\n"
-    "    time.sleep(0.05)\n"  # an interruptible system call, like a service waiting for requests
-    "print('survived', flush=True)\n"
-)
-
-
-def _canary(gdb: str, interpreter: Interpreter) -> str | None:
-    shown = printable_line(interpreter.path)
-    try:
-        canary = privilege.popen_as(interpreter.owner, [interpreter.path, "-c", _CANARY], env=interpreter.env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except (OSError, subprocess.SubprocessError, privilege.NotPermitted):
-        return f"a test process of {shown} did not start"
-    try:
-        if privilege.read_until(canary.stdout, time.monotonic() + 20, line=True).strip() != "ready":
-            return f"a test process of {shown} did not start"
-        out = privilege.run_as(None, [gdb, "-batch", *GDB_SAFE, "-p", str(canary.pid), "-ex", "call (int) getpid()"],
-                               timeout=30)
-        time.sleep(0.3)  # long enough for a damaged sleep() to fail in the canary
-        if canary.poll() is not None:
-            said = privilege.read_until(canary.stderr, time.monotonic() + 1).strip().splitlines()[-1:] or ["it exited"]
-            why = printable_line(said[0])
-            return f"gdb harmed a test process when calling into it ({why}); attaching would likely crash the service"
-        if out is None:
-            return "gdb did not finish calling into a test process within 30 s"
-        failure = re.search(r"^(Couldn't .*|Cannot .*|.*[Ee]rror.*)$", out.stdout + out.stderr, re.MULTILINE)
-        if failure and "warning" not in failure.group(0).lower():
-            return f"gdb cannot call into processes on this machine ({printable_line(failure.group(1).strip())})"
-        return None
-    finally:
-        canary.kill()
-        canary.wait()
-        canary.stdout.close()
-        canary.stderr.close()
 
 
 def memray_importable(interpreter: Interpreter) -> bool:

@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuscope.core.allocations import Attribution
+from gpuscope.core.attribution import Attribution
 from gpuscope.core.growth import floor_growth, theil_sen
 from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend
 from gpuscope.core.markdown import md_code, md_text
@@ -22,7 +22,7 @@ from gpuscope.core.model import ProcessRow
 from gpuscope.core.profiles import is_model_stage, model_stages
 from gpuscope.core.serving_model import FleetRow, ServingSnapshot
 from gpuscope.core.stacks import Suspect, stack_json
-from gpuscope.core.units import format_bytes, format_rate
+from gpuscope.core.units import format_bytes, format_duration, format_rate
 
 SCHEMA = "gpuscope.diagnosis/1"
 OK, WARN, ALERT, SKIPPED = "ok", "warn", "alert", "skipped"
@@ -192,16 +192,6 @@ def _assess(series: Series | None, thresholds: LeakThresholds, total: float | No
     return assess(series.times, series.values, thresholds=thresholds, total_bytes=total, **torch)
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None or math.isinf(seconds):
-        return "never at this rate"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _rate(a: LeakAssessment | None) -> str:
     return f"{format_rate(a.growth_bytes_per_s if a else None, na='?')} MB/s"
 
@@ -282,7 +272,7 @@ def step_device(ev: Evidence, th: LeakThresholds) -> tuple[Step, LeakAssessment 
     evidence = {"gpu": d.index, "name": d.name, "total_bytes": d.total_bytes, "assessment": a.to_json() if a else None}
     if a is None:
         return Step(1, title, SKIPPED, f"skipped: too few samples of GPU{d.index}.", evidence=evidence), None
-    full = f", full in {_duration(a.time_to_full_s)}" if a.time_to_full_s is not None else ""
+    full = f", full in {format_duration(a.time_to_full_s, na='never at this rate')}" if a.time_to_full_s is not None else ""
     if a.is_leak:
         return Step(1, title, ALERT, f"GPU{d.index} ({d.name}) is filling at {_rate(a)}{full}: {a.reason}.",
                     "Find which process grows on it (step 4).", evidence), a

@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psutil
 
-from gpuscope.core import privilege
 from gpuscope.core.model import HostMemory, HostProcess, ProcessDetail
 from gpuscope.core.printable import printable
 from gpuscope.core.redact import redact_command
+from gpuscope.core.target import interpreter_version, is_python, libpython_version, version_in_name
 
-_PYTHON_NAME = re.compile(r"^(?:python|pypy)\d*(?:\.\d+)*[a-z]?$")
-_PYTHON_IN_PATH = re.compile(r"(?:python|pypy)(\d+\.\d+)")
-_LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time"]
 
 
@@ -37,12 +33,6 @@ class ProcessGone(Exception):
 
 class ProcessForbidden(Exception):
     """The process exists but this user may not read it."""
-
-
-def is_python(name: str | None, exe: str | None) -> bool:
-    if name and _PYTHON_NAME.match(name):
-        return True
-    return bool(exe and _PYTHON_NAME.match(os.path.basename(exe)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,12 +224,10 @@ class HostCollector:
             return self._versions[exe]
         version = None
         if is_python(name, exe) and exe:
-            version = _interpreter_version(exe, pid)
+            version = interpreter_version(exe, pid)
         if version is None:
-            version = _libpython_version(pid)
-        if version is None and exe and is_python(name, exe):
-            m = _PYTHON_IN_PATH.search(os.path.basename(exe))
-            version = m.group(1) if m else None
+            short = libpython_version(pid) or (version_in_name(exe) if is_python(name, exe) else None)
+            version = "%d.%d" % short if short else None
         if exe:
             self._versions[exe] = version
         return version
@@ -254,35 +242,6 @@ def _optional(getter):
         return getter()
     except psutil.AccessDenied:
         return None
-
-
-def _interpreter_version(exe: str, pid: int) -> str | None:
-    """Ask the interpreter binary itself (cached by the caller; a short timeout). The binary is the
-    process owner's to choose (a copy beside a pyvenv.cfg runs that user's .pth files), so it
-    runs only with that owner's rights."""
-    try:
-        owner = privilege.owner_of(pid)
-    except (OSError, ValueError):
-        return None
-    out = privilege.run_as(owner, [exe, "-c", "import platform; print(platform.python_version())"],
-                           env={"PATH": privilege.SAFE_PATH, "PYTHONNOUSERSITE": "1"}, timeout=3)
-    if out is None:
-        return None
-    version = out.stdout.strip()
-    return version if out.returncode == 0 and re.fullmatch(r"\d+\.\d+\.\d+\S*", version) else None
-
-
-def _libpython_version(pid: int) -> str | None:
-    """An embedded interpreter (or one linked to libpython) shows in the memory map."""
-    try:
-        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                m = _LIBPYTHON.search(line)
-                if m:
-                    return m.group(1)
-    except OSError:
-        return None
-    return None
 
 
 def check_attachable(pid: int) -> ProcessDetail:

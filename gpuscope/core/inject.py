@@ -8,7 +8,7 @@ This runs code inside the target. Two ways, as memray's `attach` does it:
 - older Pythons: gdb attaches, asks the interpreter for a pending call, and when a thread holding
   the GIL reaches the breakpoint set for it, calls `PyRun_SimpleString` to run the script there,
   then detaches. gdb stops the whole process meanwhile, and on some machines gdb kills the
-  process it calls into — so `allocations.injection_problem()` first tries gdb on a throwaway
+  process it calls into — so `target.injection_problem()` first tries gdb on a throwaway
   process of the same interpreter, and the injection is refused if that is harmed.
 
 The script (with a copy of probe.py next to it, so the target needs nothing of gpuscope's) starts
@@ -20,7 +20,6 @@ tracking), and writes what it did to a status file gpuscope waits for. Every ref
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuscope.core import allocations, privilege, probe_client, pyspy
+from gpuscope.core import privilege, probe_client, pyspy, target
 from gpuscope.core.printable import printable_line
 
 STATUS_TIMEOUT_S = 15.0
@@ -108,32 +107,6 @@ class Injected:
     method: str  # "already running" | "sys.remote_exec" | "gdb"
 
 
-def python_version_of(pid: int) -> tuple[int, int] | None:
-    """The Python major.minor a process runs, from its executable's name or its libpython; None if
-    it is not a Python process. Nothing is run to find out."""
-    try:
-        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-    except OSError:
-        try:
-            exe = os.path.basename(psutil.Process(pid).exe())
-        except psutil.Error:
-            exe = ""
-    match = re.match(r"^python(\d)\.(\d+)", exe)
-    if match:
-        return int(match.group(1)), int(match.group(2))
-    try:
-        with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as f:
-            for line in f:
-                lib = re.search(r"libpython(\d)\.(\d+)", line)
-                if lib:
-                    return int(lib.group(1)), int(lib.group(2))
-    except OSError:
-        pass
-    if re.match(r"^python\d?$", exe):  # python / python3 that is neither versioned nor shared
-        return (0, 0)
-    return None
-
-
 def _refuse(text: str) -> InjectRefused:
     return InjectRefused(text)
 
@@ -158,11 +131,11 @@ def inject_probe(pid: int, *, anyway: bool = False, timeout: float = STATUS_TIME
     existing = probe_client.probe_path(pid)
     if existing:
         return Injected(pid, existing, "already running")
-    version = python_version_of(pid)
+    version = target.python_version_of(pid)
     if version is None:
         raise _refuse(f"process {pid} ({name}) is not a Python process")
     try:
-        interpreter = allocations.target_interpreter(pid)
+        interpreter = target.target_interpreter(pid)
     except psutil.NoSuchProcess:
         raise _refuse(f"process {pid} exited") from None
     except psutil.AccessDenied:
@@ -170,7 +143,7 @@ def inject_probe(pid: int, *, anyway: bool = False, timeout: float = STATUS_TIME
     except privilege.NotPermitted as exc:
         raise _refuse(str(exc)) from None
     if version == (0, 0):
-        version = allocations.python_version(interpreter) or (0, 0)
+        version = target.python_version(interpreter) or (0, 0)
     folder = _stage(interpreter.owner, anyway)
     try:
         if version >= (3, 14):
@@ -249,7 +222,7 @@ def _probe_found(pid: int, deadline: float) -> str:
         time.sleep(0.05)
 
 
-def _remote_exec(pid: int, proc: psutil.Process, interpreter: allocations.Interpreter,
+def _remote_exec(pid: int, proc: psutil.Process, interpreter: target.Interpreter,
                  version: tuple[int, int], script: str, warn: Callable[[], None]) -> bool:
     """Hand the script to the target through sys.remote_exec (Python 3.14+). True once handed.
 
@@ -273,7 +246,7 @@ def _remote_exec(pid: int, proc: psutil.Process, interpreter: allocations.Interp
     else:
         caller, owner, env = interpreter.path, interpreter.owner, interpreter.env
         flags = []
-        if allocations.python_version(interpreter) != version:
+        if target.python_version(interpreter) != version:
             raise _refuse(
                 f"version mismatch: process {pid} runs Python {version[0]}.{version[1]} but its interpreter "
                 f"({printable_line(caller)}) cannot be run here as Python {version[0]}.{version[1]}; "
@@ -300,7 +273,7 @@ def _remote_exec(pid: int, proc: psutil.Process, interpreter: allocations.Interp
     return True
 
 
-def _gdb(pid: int, interpreter: allocations.Interpreter, folder: privilege.SharedFolder,
+def _gdb(pid: int, interpreter: target.Interpreter, folder: privilege.SharedFolder,
          warn: Callable[[], None]) -> None:
     """Run the script in the target through gdb (before Python 3.14), if it is safe here.
 
@@ -312,7 +285,7 @@ def _gdb(pid: int, interpreter: allocations.Interpreter, folder: privilege.Share
             "gdb is not installed (needed to inject before Python 3.14): apt-get install gdb, or start the service "
             "under 'gpuscope run'"
         )
-    problem = allocations.injection_problem(interpreter)
+    problem = target.injection_problem(interpreter)
     if problem:
         raise _refuse(
             f"injection is unsafe on this machine: {problem}. Start the service under 'gpuscope run', or call "
@@ -322,7 +295,7 @@ def _gdb(pid: int, interpreter: allocations.Interpreter, folder: privilege.Share
     commands = os.path.join(folder.private, "inject.gdb")
     with open(os.open(commands, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
         f.write(_GDB_SCRIPT.format(script=script))
-    cmd = [gdb, "-batch", *allocations.GDB_SAFE, "-nw", "-p", str(pid), "-iex", "set auto-solib-add off",
+    cmd = [gdb, "-batch", *target.GDB_SAFE, "-nw", "-p", str(pid), "-iex", "set auto-solib-add off",
            "-x", commands]
     warn()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

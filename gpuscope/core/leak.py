@@ -38,7 +38,7 @@ history; a short horizon's "leak" is ignored when a longer one sees a sawtooth (
 `assess()` does this once over given samples; `LeakWatch` keeps one sketch per series and
 re-judges incrementally, which costs O(buckets), not O(samples), per tick.
 
-Pure Python; no numpy. Sizes are bytes; rates bytes per second; MB = 10^6 bytes in the texts.
+Pure Python; no numpy. Sizes are bytes; rates bytes per second; the texts read them as `units` does.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuscope.core.growth import theil_sen
+from gpuscope.core.units import format_duration, format_size, format_speed
 
 VERDICTS = ("leak", "no-leak", "inconclusive")
 PATTERNS = (
@@ -579,8 +580,8 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
 
     if n < th.min_samples or span < th.min_span_s - 1e-9:
         return view("inconclusive", "insufficient-data", None, 0.0, None,
-                    f"only {n} sample{'s' if n != 1 else ''} over {_duration(span)}; "
-                    f"need {th.min_samples} over {_duration(th.min_span_s)}")
+                    f"only {n} sample{'s' if n != 1 else ''} over {format_duration(span)}; "
+                    f"need {th.min_samples} over {format_duration(th.min_span_s)}")
     # A sawtooth (batch buffers filled and freed): memory falls back by a big step again and again
     # - steps that noise does not make: 8 sample sigmas, and at least `sawtooth_min_swing` - and
     # between two falls it sits well above where they landed: in the median cycle, on average by
@@ -617,7 +618,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
     m = len(floors)
     if m < 4:
         return view("inconclusive", "insufficient-data", None, 0.0, None,
-                    f"samples in only {m} stretches of {_duration(span)} (gaps); need 4")
+                    f"samples in only {m} stretches of {format_duration(span)} (gaps); need 4")
     peak = floors[-1].v_max
     points = [(f.t_min, f.v_min) for f in floors]
     xs = [t - t_start for t, _ in points]
@@ -677,17 +678,17 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
         how = "steadily" if tau >= 0.8 else "mostly" if tau >= 0.5 else "unevenly"
         if jumpy:
             how = "in a few jumps"
-        what = f"floor of a sawtooth (swings of {_size(swing)})" if swinging else "floor"
-        text = f"{prefix}{what} rose {_rate(b)} for {_duration(duration)}, {how}"
+        what = f"floor of a sawtooth (swings of {format_size(swing)})" if swinging else "floor"
+        text = f"{prefix}{what} rose {format_speed(b)} for {format_duration(duration)}, {how}"
         clear = len(seg) >= 3 and confidence >= th.min_confidence and z >= th.min_z and not jumpy
         if clear and fast_enough:
             return view("leak", GROWING, b, confidence, since, text, duration, swinging, True)
         if math.isinf(needed):
-            text += f"; too short to call a leak (needs {_duration(th.fast_duration_s)})"
+            text += f"; too short to call a leak (needs {format_duration(th.fast_duration_s)})"
         elif not fast_enough:
-            text += f"; below the {_rate(needed)} that makes a leak over {_duration(duration)}"
+            text += f"; below the {format_speed(needed)} that makes a leak over {format_duration(duration)}"
         elif z < th.min_z:
-            text += f"; not yet clear of the noise (samples scatter by {_size(noise)})"
+            text += f"; not yet clear of the noise (samples scatter by {format_size(noise)})"
         elif jumpy:
             text += "; not a steady rise yet"
         else:
@@ -699,22 +700,22 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
         confidence = _evidence(m, span, th) * (1 - abs(_kendall(points)) / 2)
         if swinging:
             return view("no-leak", "sawtooth", b, confidence, t_start,
-                        f"swings of {_size(swing)} over a flat floor for {_duration(span)} "
+                        f"swings of {format_size(swing)} over a flat floor for {format_duration(span)} "
                         "(buffers filled and freed)", swinging=True)
         return view("no-leak", "flat", b, confidence, t_start,
-                    f"floor flat (within {_size(tol)}) for {_duration(span)}")
+                    f"floor flat (within {format_size(tol)}) for {format_duration(span)}")
 
     def falling(b: float, drop: float) -> _View:
         return view("no-leak", "falling", b, _evidence(m, span, th), t_start,
-                    f"floor fell {_size(-drop)} over {_duration(span)}", swinging=swinging)
+                    f"floor fell {format_size(-drop)} over {format_duration(span)}", swinging=swinging)
 
     def settled(i: int, since: float, stopped: float, rise: float, step: bool) -> _View:
         """A rise, then a flat floor from floor i (at time `stopped`) on."""
         b, _ = trend(i, m)
         flat_for = t_end - stopped
         confidence = _evidence(m - i, flat_for, th) * (1 - abs(_kendall(points[i:])) / 2)
-        head = (f"a {_size(rise, sign=True)} step at {_duration(since - origin)}" if step
-                else f"rose {_size(rise)} in {_duration(stopped - since)} (warm-up)")
+        head = (f"a {format_size(rise, sign=True)} step at {format_duration(since - origin)}" if step
+                else f"rose {format_size(rise)} in {format_duration(stopped - since)} (warm-up)")
         long_enough = flat_for >= th.min_plateau_s and m - i >= 2
         if not step:
             long_enough = long_enough and flat_for >= th.plateau_fraction * span
@@ -722,7 +723,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
             return view("no-leak", "step-then-plateau", b, confidence, since, f"{head}, flat since",
                         flat_for, swinging, True)
         return view("inconclusive", "step-then-plateau", b, confidence * 0.5, since,
-                    f"{head}, flat for {_duration(flat_for)} so far: too soon to say", flat_for, swinging, True)
+                    f"{head}, flat for {format_duration(flat_for)} so far: too soon to say", flat_for, swinging, True)
 
     for name, _, k in shapes:
         if name == "step":
@@ -734,7 +735,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
             stepped = _step_time(buckets, points[k - 1][0], base + sums.mean(0, k) + jump / 2, jump > 0)
             b, rise = trend(k, m)
             if m - k >= 3 and rise > tol:
-                return growth(k, stepped, f"after a {_size(jump, sign=True)} step, ")
+                return growth(k, stepped, f"after a {format_size(jump, sign=True)} step, ")
             if jump > 0:
                 return settled(k, stepped, stepped, jump, step=True)
             return falling(b, jump)
@@ -745,7 +746,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
                 jump = sums.at(k, m, xs[k]) - flat_level
                 began = _step_time(buckets, points[k - 1][0], base + flat_level + max(tol, jump / 2), True)
                 return growth(k, min(began, points[k][0]),
-                              f"after a {_size(jump, sign=True)} step, " if jump > tol else "")
+                              f"after a {format_size(jump, sign=True)} step, " if jump > tol else "")
         if name == "plateau":
             b_up, rise_up = trend(0, k)
             b_flat, rise_flat = trend(k, m)
@@ -802,7 +803,7 @@ def _finish(chosen: _View | None, sketch: FloorSketch, total_bytes: float | None
         high = max(chosen.peak, sketch.last_value)
         ttf = max(total_bytes - high, 0.0) / a.growth_bytes_per_s
         if a.verdict == "leak":
-            a = replace(a, reason=f"{a.reason}; full in {_duration(ttf)} at this rate")
+            a = replace(a, reason=f"{a.reason}; full in {format_duration(ttf)} at this rate")
     return replace(a, time_to_full_s=ttf, start_bytes=sketch.first_value, end_bytes=sketch.last_value,
                    samples=sketch.samples, span_s=sketch.span_s)
 
@@ -823,7 +824,7 @@ def _with_torch(primary: LeakAssessment, allocated: LeakAssessment | None,
             return replace(
                 primary, verdict="no-leak", pattern="cache-growth",
                 confidence=min(primary.confidence, reserved.confidence),
-                reason=(f"torch reserved grew {_rate(reserved.growth_bytes_per_s)} while allocated stayed "
+                reason=(f"torch reserved grew {format_speed(reserved.growth_bytes_per_s)} while allocated stayed "
                         f"{'flat' if allocated.pattern != GROWING else 'nearly flat'}: the caching allocator "
                         "keeping freed blocks, not a leak"))
         if reserved is not None and reserved.pattern != "insufficient-data":
@@ -928,12 +929,12 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
     confidence = max(tau, 0.0) * min(1.0, len(points) / 10)
     if (rise >= HELD_MIN_RISE and slope >= thresholds.min_rate and tau >= 0.6 and late >= 0.4 * slope):
         return HeldTrend("rising", slope, confidence,
-                         f"held bytes rose {_rate(slope)} steadily for {_duration(span)} (to {_size(points[-1][1])})")
+                         f"held bytes rose {format_speed(slope)} steadily for {format_duration(span)} (to {format_size(points[-1][1])})")
     if peak - points[0][1] >= HELD_MIN_RISE and early > 0 and late < 0.25 * early:
         return HeldTrend("levelled", late, confidence or 0.5,
-                         f"held bytes rose to {_size(peak)}, then levelled off (a cache filling to its bound)")
+                         f"held bytes rose to {format_size(peak)}, then levelled off (a cache filling to its bound)")
     return HeldTrend("balanced", slope, 1 - abs(tau) / 2,
-                     f"held bytes at {_size(points[-1][1])}, not rising steadily")
+                     f"held bytes at {format_size(points[-1][1])}, not rising steadily")
 
 
 # --- live -----------------------------------------------------------------------------------------
@@ -946,6 +947,10 @@ class LeakAlert:
     key: Hashable
     assessment: LeakAssessment
     raised_at: float  # data time of the first assessment of this run of "leak" verdicts
+    # No sample came for this series at the latest time any series was fed: its process exited
+    # (or left the device). Such an alert is listed after every live one, and goes once the series
+    # has been silent for `LeakWatch.forget_after_s`.
+    ended: bool = False
 
     @property
     def growth_bytes_per_s(self) -> float:
@@ -962,7 +967,7 @@ class LeakAlert:
 
 class _Watched:
     __slots__ = ("sketch", "allocated", "reserved", "total", "fresh", "assessed_at", "views", "assessment",
-                 "raised_at", "phase", "pending")
+                 "raised_at", "phase", "pending", "fed_at")
 
     def __init__(self, sketch: FloorSketch, phase: float) -> None:
         self.sketch = sketch
@@ -977,6 +982,7 @@ class _Watched:
         self.raised_at: float | None = None
         # A young leak awaiting confirmation: (first, latest) time it was called a leak.
         self.pending: tuple[float, float] | None = None
+        self.fed_at: float | None = None  # the latest time given to add(), available value or not
 
 
 @dataclass
@@ -990,8 +996,9 @@ class LeakWatch:
     12 minutes, the 10 s one every second): a tick costs a few small fits per series, not a pass
     over its samples.
     Memory is bounded: each series is a `FloorSketch` over `window_s`; at most `max_series`
-    series are kept (the least recently fed go first), and a series silent for `window_s`
-    is dropped.
+    series are kept (the least recently fed go first). A series that is no longer fed (its
+    process exited) is forgotten `forget_after_s` after its last sample, on the data clock of the
+    other series: its alert, marked `ended` meanwhile, is never listed above a live one.
 
     Alerts: a leak whose growth has lasted under three times the fast rule's duration (30 s) is
     raised once it has been called a leak over `confirm_s` seconds of data, with no gap longer
@@ -1010,6 +1017,7 @@ class LeakWatch:
     refresh_fraction: float = 0.05
     confirm_s: float = 3.0
     max_series: int = 2048  # as SeriesStore's: a big node's every process keeps its verdict
+    forget_after_s: float = 60.0
     _series: dict[Hashable, _Watched] = field(default_factory=dict, init=False, repr=False, compare=False)
     _born: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -1040,6 +1048,8 @@ class LeakWatch:
             if len(self._series) >= self.max_series:
                 del self._series[next(iter(self._series))]
         self._series[key] = s
+        if s.fed_at is None or t > s.fed_at:
+            s.fed_at = t
         if s.sketch.add(t, value):
             s.fresh = True
         if allocated is not None:
@@ -1063,11 +1073,10 @@ class LeakWatch:
 
     def update(self) -> list[LeakAlert]:
         """Re-assess the series that need it; the current alerts, fastest growth first."""
-        newest = max((s.sketch.last_time for s in self._series.values() if s.sketch.last_time is not None),
-                     default=None)
+        newest = self._newest_fed()
         if newest is not None:
             for key in [k for k, s in self._series.items()
-                        if s.sketch.last_time is not None and s.sketch.last_time < newest - self.window_s]:
+                        if s.fed_at is not None and s.fed_at < newest - self.forget_after_s]:
                 del self._series[key]
         for s in self._series.values():
             now = s.sketch.last_time
@@ -1101,10 +1110,16 @@ class LeakWatch:
                 s.raised_at = None
         return self.alerts()
 
+    def _newest_fed(self) -> float | None:
+        return max((s.fed_at for s in self._series.values() if s.fed_at is not None), default=None)
+
     def alerts(self) -> list[LeakAlert]:
-        out = [LeakAlert(k, s.assessment, s.raised_at) for k, s in self._series.items()
+        """The series called a leak now: live ones first, then ended ones; fastest growth first in each."""
+        newest = self._newest_fed()
+        out = [LeakAlert(k, s.assessment, s.raised_at, ended=s.fed_at is not None and s.fed_at < newest)
+               for k, s in self._series.items()
                if s.assessment is not None and s.assessment.verdict == "leak" and s.raised_at is not None]
-        out.sort(key=lambda a: -a.growth_bytes_per_s)
+        out.sort(key=lambda a: (a.ended, -a.growth_bytes_per_s))
         return out
 
     def _judge(self, s: _Watched, name: str, sketch: FloorSketch, now: float) -> _View | None:
@@ -1129,38 +1144,5 @@ class LeakWatch:
         return _with_torch(primary, allocated, reserved)
 
 
-# --- words ----------------------------------------------------------------------------------------
-
-
 def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
-
-
-def _size(n: float | None, *, sign: bool = False) -> str:
-    """Decimal units, as the console's MB/s: 2.0 GB, 340 MB, 3.4 MB, 512 kB."""
-    if n is None:
-        return "N/A"
-    s = ("+" if n >= 0 else "-") if sign else ("-" if n < 0 else "")
-    a = abs(n)
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if a >= size:
-            x = a / size
-            return f"{s}{x:.1f} {unit}" if x < 100 else f"{s}{x:.0f} {unit}"
-    return f"{s}{a:.0f} B"
-
-
-def _rate(bps: float | None) -> str:
-    if bps is None:
-        return "N/A"
-    mb = bps / 1e6
-    a = abs(mb)
-    digits = 0 if a >= 100 else 1 if a >= 1 else 2 if a >= 0.01 else 3
-    return f"{mb:.{digits}f} MB/s"
-
-
-def _duration(s: float) -> str:
-    if s < 120:
-        return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuscope.core.growth import floor_growth
-from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess, is_python
+from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess
+from gpuscope.core.target import is_python
 from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series
 from gpuscope.core.leak import LeakAlert, LeakThresholds, LeakWatch
 from gpuscope.core.model import (
@@ -33,7 +34,7 @@ from gpuscope.core.model import (
     ProcessRow,
     TorchMemory,
 )
-from gpuscope.core.allocator import AllocatorCollector
+from gpuscope.core.torch_memory import TorchMemoryCollector
 from gpuscope.core.nvml import NvmlCollector
 from gpuscope.core.poller import Poller, Reading, pace
 from gpuscope.core.store import SeriesStore
@@ -94,7 +95,7 @@ class NodeSource:
         focus_pid: int | None = None,
         nvml: NvmlCollector | None = None,
         host: HostCollector | None = None,
-        allocator: AllocatorCollector | None = None,
+        allocator: TorchMemoryCollector | None = None,
         store: SeriesStore | None = None,
         clock: Callable[[], float] = time.time,
         read_timeout: float | None = None,
@@ -104,7 +105,7 @@ class NodeSource:
         self.interval = interval
         self._nvml = nvml or NvmlCollector()
         self._host = host or HostCollector()
-        self._allocator = allocator or AllocatorCollector()
+        self._allocator = allocator or TorchMemoryCollector()
         self._torch: dict[int, TorchMemory] = {}  # the latest allocator numbers, by PID
         self.store = store or SeriesStore()
         self._clock = clock

@@ -1,4 +1,12 @@
-"""How sizes and rates read: one formatting for the console, `ps` and reports alike."""
+"""How sizes, rates and durations read: one formatting for the console, `ps`, reports and the
+detector's sentences alike.
+
+One byte convention: binary multiples for sizes (K = 2^10, M = 2^20, G = 2^30; the compact
+form in tables, "1.5 GiB" in sentences), as memory is allocated and as the GPU and the kernel
+report it. Rates are the exception the alert rules are written in: MB/s, MB = 10^6 bytes
+("5 MB/s for 10 s"), everywhere a rate is shown, so a rate reads the same in the table, the
+alert bar, the rules and the diagnosis.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +25,46 @@ def format_bytes(n: float | None, *, na: str = "N/A") -> str:
     return f"{int(n)}B"
 
 
+def format_size(n: float | None, *, sign: bool = False, na: str = "N/A") -> str:
+    """A size in a sentence: '2.0 GiB', '340 MiB', '3.4 MiB', '512 KiB', '12 B' (`sign`: '+2.0 GiB')."""
+    if n is None or math.isnan(n):
+        return na
+    s = ("+" if n >= 0 else "-") if sign else ("-" if n < 0 else "")
+    a = abs(n)
+    for unit, size in _UNITS:
+        if a >= size:
+            x = a / size
+            return f"{s}{x:.1f} {unit}iB" if x < 100 else f"{s}{x:.0f} {unit}iB"
+    return f"{s}{a:.0f} B"
+
+
 def format_rate(bytes_per_s: float | None, *, na: str = "…") -> str:
-    """Growth in MB/s with a sign: '+1.25', '-0.40', '0.00'; `na` while there is too little data."""
+    """Growth in MB/s with a sign, for a column headed MB/s: '+1.25', '-0.40', '0.00'; `na` while
+    there is too little data."""
     if bytes_per_s is None or math.isnan(bytes_per_s):
         return na
     mb = bytes_per_s / 1e6
     if abs(mb) < 0.005:
         return "0.00"
     return f"{mb:+.2f}"
+
+
+def format_speed(bytes_per_s: float | None, *, na: str = "N/A") -> str:
+    """A rate in a sentence, digits by size: '120 MB/s', '2.0 MB/s', '0.14 MB/s', '0.005 MB/s'."""
+    if bytes_per_s is None or math.isnan(bytes_per_s):
+        return na
+    mb = bytes_per_s / 1e6
+    a = abs(mb)
+    digits = 0 if a >= 100 else 1 if a >= 1 else 2 if a >= 0.01 else 3
+    return f"{mb:.{digits}f} MB/s"
+
+
+def format_duration(seconds: float | None, *, na: str = "?") -> str:
+    """'4.5 s', '42 s', '17 min', '3.2 h'; `na` for None or an infinite time."""
+    if seconds is None or math.isnan(seconds) or math.isinf(seconds):
+        return na
+    if seconds < 120:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -25,6 +25,7 @@ from textual.strip import Strip
 from textual_plotext import PlotextPlot
 
 from gpuscope.core.model import MemorySeries
+from gpuscope.tui.palette import Palette, follow_theme, palette_of
 from gpuscope.tui.textlines import Cells, cells_of, changed_span
 
 # Seconds between redraws: often while a process has just been chosen and the operator is
@@ -92,7 +93,17 @@ class MemoryChart(PlotextPlot):
         self._strips: list[Strip] | None = None
         self._cells: list[Cells | None] = []
         self._drawn_for: tuple | None = None  # (size, theme) the lines were drawn for
+        self._palette: Palette | None = None
         self.plt.title("Select a process to chart its memory")
+
+    def on_mount(self) -> None:
+        follow_theme(self, self._use_palette)
+
+    def _use_palette(self, palette: Palette) -> None:
+        """The lines take the theme's colours: plotted again with them."""
+        if palette != self._palette:
+            self._palette = palette
+            self.replot()
 
     def show(self, series: MemorySeries | None, force: bool = False, now: float | None = None) -> None:
         """Chart `series` (ages counted back from `now`, the frame's time; the clock if None)."""
@@ -213,7 +224,11 @@ class MemoryChart(PlotextPlot):
         parts = []
         # Without colour (NO_COLOR) only the marker tells the lines apart: each gets its own.
         marker = MARKERS_NO_COLOUR if self.app.no_color else dict.fromkeys(MARKERS_NO_COLOUR, "braille")
-        for name, side, colour in (("GPU", "left", "green"), ("RSS", "right", "cyan")):
+        palette = self._palette or palette_of(self.app)
+        colours = {"GPU": palette.plotext("gpu"), "RSS": palette.plotext("rss"), "resv": palette.plotext("warning"),
+                   "alloc": palette.plotext("accent")}
+        for name, side in (("GPU", "left"), ("RSS", "right")):
+            colour = colours[name]
             line = points.get(name)
             if not line or name not in axes.ylims:
                 continue
@@ -226,7 +241,8 @@ class MemoryChart(PlotextPlot):
             if name == "GPU":
                 # PyTorch's allocator (a process with a probe) on the GPU's axis: the gap between
                 # reserved and allocated is cache, between NVML and reserved the CUDA context.
-                for tname, tcolour in (("resv", "yellow"), ("alloc", "magenta")):
+                for tname in ("resv", "alloc"):
+                    tcolour = colours[tname]
                     tline = points.get(tname)
                     if tline:
                         plt.plot([t - axes.origin for t, _ in tline], [v / unit for _, v in tline],

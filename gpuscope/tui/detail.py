@@ -7,6 +7,7 @@ from rich.text import Text
 from gpuscope.core.model import Frame, ProcessRow, TorchMemory
 from gpuscope.core.printable import printable
 from gpuscope.core.units import format_bytes, format_rate
+from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 
 
@@ -15,7 +16,19 @@ class ProcessPanel(TextLines):
     ProcessPanel { width: 1fr; min-width: 28; height: 1fr; padding: 0 1; }
     """
 
+    palette = DEFAULT_PALETTE
+    _frame: Frame | None = None
+
+    def on_mount(self) -> None:
+        follow_theme(self, self._use_palette)
+
+    def _use_palette(self, palette: Palette) -> None:
+        self.palette = palette
+        if self._frame is not None:
+            self.show(self._frame)
+
     def show(self, frame: Frame) -> None:
+        self._frame = frame
         d = frame.focus
         text = Text()
         if d is None:
@@ -25,7 +38,7 @@ class ProcessPanel(TextLines):
             rows = [r for r in frame.processes if r.pid == d.pid]
             text.append(f"PID {d.pid}", style="bold")
             if d.exited:
-                text.append("  ✖ exited", style="bold red")
+                text.append("  ✖ exited", style=f"bold {self.palette.error}")
             elif d.status:
                 text.append(f"  {printable(d.status)}")
             text.append("\n")

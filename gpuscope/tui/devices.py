@@ -13,25 +13,27 @@ from textual.containers import Horizontal, Vertical
 from gpuscope.core.model import Frame
 from gpuscope.core.printable import printable
 from gpuscope.core.units import format_bytes
+from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 
 
-# How full memory is, by share used: (at least, style of the bar, mark after the percentage).
-# The mark says it without colour (NO_COLOR, 16 colours, colour-blind readers).
-LEVELS = ((0.9, "red", "⚠"), (0.75, "yellow", "!"), (0.0, "green", " "))
+# How full memory is, by share used: (at least, the palette's colour of the bar, mark after the
+# percentage). The mark says it without colour (NO_COLOR, 16 colours, colour-blind readers).
+LEVELS = ((0.9, "error", "⚠"), (0.75, "warning", "!"), (0.0, "success", " "))
 
 
 def level(used: int | None, total: int | None) -> tuple[str, str]:
+    """(the palette's colour for this fill, the mark)."""
     share = used / total if used is not None and total else 0.0
-    return next((style, mark) for at_least, style, mark in LEVELS if share >= at_least)
+    return next((colour, mark) for at_least, colour, mark in LEVELS if share >= at_least)
 
 
-def bar(used: int | None, total: int | None, width: int) -> Text:
+def bar(used: int | None, total: int | None, width: int, palette: Palette = DEFAULT_PALETTE) -> Text:
     if not used or not total or width <= 0:
         return Text("░" * width, style="dim")
     filled = max(0, min(width, round(width * used / total)))
-    style, _ = level(used, total)
-    return Text.assemble(("█" * filled, style), ("░" * (width - filled), "dim"))
+    colour, _ = level(used, total)
+    return Text.assemble(("█" * filled, getattr(palette, colour)), ("░" * (width - filled), "dim"))
 
 
 def percent(used: int | None, total: int | None) -> str:
@@ -60,6 +62,17 @@ class DevicesPanel(Vertical):
             yield TextLines(wrap=False, id="dev-numbers")
         yield TextLines(id="notices", classes="empty")
 
+    palette = DEFAULT_PALETTE
+    _frame: Frame | None = None
+
+    def on_mount(self) -> None:
+        follow_theme(self, self._use_palette)
+
+    def _use_palette(self, palette: Palette) -> None:
+        self.palette = palette
+        if self._frame is not None:
+            self.show(self._frame)
+
     @property
     def plain(self) -> str:
         """The panel as a reader sees it, line by line (for tests and reports)."""
@@ -70,6 +83,8 @@ class DevicesPanel(Vertical):
         return "\n".join([extra[0], *rows, extra[1]]).strip("\n")
 
     def show(self, frame: Frame) -> None:
+        self._frame = frame
+        p = self.palette
         wide = self.size.width >= 110
         name_width = 22 if wide else 12
         bar_width = max(6, self.query_one("#dev-bars").size.width or 20)
@@ -80,12 +95,12 @@ class DevicesPanel(Vertical):
             # Three columns joined line by line: a newline inside a name would shift the others.
             names.append(Text(f"GPU{d.index:<2} {printable(d.name)[:name_width]:<{name_width}}"))
             if d.error:
-                bars.append(Text(f"✖ {printable(d.error)}", style="bold red", no_wrap=True, overflow="ellipsis"))
+                bars.append(Text(f"✖ {printable(d.error)}", style=f"bold {p.error}", no_wrap=True, overflow="ellipsis"))
                 numbers.append(Text(""))
                 continue
             util = "N/A" if d.utilization is None else f"{d.utilization}%"
             temp = "" if d.temperature is None else f" {d.temperature}°C"
-            bars.append(bar(d.memory_used, d.memory_total, bar_width))
+            bars.append(bar(d.memory_used, d.memory_total, bar_width, p))
             numbers.append(Text(
                 f"{format_bytes(d.memory_used):>6}/{format_bytes(d.memory_total):<6}"
                 f" {percent(d.memory_used, d.memory_total)} util {util:>4}{temp}"
@@ -93,7 +108,7 @@ class DevicesPanel(Vertical):
         host = frame.host
         if host is not None:
             names.append(Text(f"HOST  {printable(frame.hostname)[:name_width]:<{name_width}}"))
-            bars.append(bar(host.used, host.total, bar_width))
+            bars.append(bar(host.used, host.total, bar_width, p))
             numbers.append(Text(f"{format_bytes(host.used):>6}/{format_bytes(host.total):<6} {percent(host.used, host.total)}"))
         self.query_one("#dev-names", TextLines).set_text(lines(names))
         self.query_one("#dev-bars", TextLines).set_text(lines(bars))
@@ -101,9 +116,9 @@ class DevicesPanel(Vertical):
 
         status = Text()
         if frame.nvml.status:
-            status.append("⚠ ", style="bold yellow")
-            status.append(f"{printable(frame.nvml.status)} — showing host memory only", style="yellow")
-        notices = lines([Text.assemble(("! ", "bold yellow"), (printable(n), "yellow")) for n in frame.notices])
+            status.append("⚠ ", style=f"bold {p.warning}")
+            status.append(f"{printable(frame.nvml.status)} — showing host memory only", style=p.warning)
+        notices = lines([Text.assemble(("! ", f"bold {p.warning}"), (printable(n), p.warning)) for n in frame.notices])
         for widget_id, text in (("nvml-status", status), ("notices", notices)):
             widget = self.query_one(f"#{widget_id}", TextLines)
             widget.set_class(not text.plain, "empty")

@@ -20,9 +20,11 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.widget import Widget
 
+from gpuscope.core.command_display import display_command
 from gpuscope.core.model import ProcessRow
 from gpuscope.core.printable import printable
 from gpuscope.core.units import format_bytes, format_rate
+from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 
 COLUMNS = (  # key, label, width (None: the rest of the line), right-aligned
@@ -68,7 +70,7 @@ def row_cells(row: ProcessRow, growth_style: str) -> dict[str, tuple[str, str]]:
         "rss": (format_bytes(row.rss_bytes), ""),
         "growth": grow,
         "cpu": ("" if row.cpu_percent is None else f"{row.cpu_percent:.0f}", ""),
-        "command": (printable(row.command), ""),
+        "command": (display_command(row.command), ""),
     }
 
 
@@ -112,13 +114,20 @@ class ProcessTable(Widget, can_focus=True):
         super().__init__(**kwargs)
         self.sort_name = "default"
         self.filter_text = ""
-        self.growth_style = "bold yellow"
+        self.growth_style = f"bold {DEFAULT_PALETTE.growth}"  # the theme's gpuscope-growth, once mounted
         self._all: tuple[ProcessRow, ...] = ()
         self._order: list[ProcessRow] = []
         self._cursor_key: str | None = None
         self._cursor = 0
         self._top = 0
         self._drawn: dict[str, tuple] = {}  # column -> what it shows now
+
+    def on_mount(self) -> None:
+        follow_theme(self, self._use_palette)
+
+    def _use_palette(self, palette: Palette) -> None:
+        self.growth_style = f"bold {palette.growth}"
+        self._render_columns()
 
     def compose(self) -> ComposeResult:
         with Horizontal():

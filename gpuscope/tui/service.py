@@ -16,6 +16,7 @@ from rich.text import Text
 from gpuscope.config import SloConfig
 from gpuscope.core.printable import printable
 from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -51,25 +52,37 @@ class ServicePanel(TextLines):
     def __init__(self, slo: SloConfig | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.slo = slo or SloConfig()
+        self.palette = DEFAULT_PALETTE
+        self._snap: ServingSnapshot | None = None
         self.add_class("empty")
 
+    def on_mount(self) -> None:
+        follow_theme(self, self._use_palette)
+
+    def _use_palette(self, palette: Palette) -> None:
+        self.palette = palette
+        if self._snap is not None:
+            self.show(self._snap)
+
     def show(self, snap: ServingSnapshot) -> None:
+        self._snap = snap
         self.remove_class("empty")
         self.set_text(self.render_snapshot(snap))
 
     def render_snapshot(self, snap: ServingSnapshot) -> Text:
         s = snap.signals
+        p = self.palette
         text = Text()
         text.append("SERVICE ", style="bold")
         text.append(printable(f"{snap.profile or 'unknown profile'} · {snap.source} {snap.target}"))
         if snap.ok:
             text.append(f" · {snap.window_s:g} s window")
         else:
-            text.append(f" · ✖ {printable(snap.state)}", style="bold red")  # may quote the server
+            text.append(f" · ✖ {printable(snap.state)}", style=f"bold {p.error}")  # may quote the server
             if snap.as_of:
                 text.append(f" (numbers as of {time.strftime('%H:%M:%S', time.localtime(snap.as_of))})", style="dim")
         if snap.p99_jump is not None:  # found by the core when the snapshot was made
-            text.append(f" · ▲ {snap.p99_jump.describe()}", style="bold yellow")
+            text.append(f" · ▲ {snap.p99_jump.describe()}", style=f"bold {p.warning}")
         text.append("\n")
         stale = "" if snap.ok else "dim"
         self._signal(text, "P95", seconds(s.e2e_latency_p95_s), snap, "e2e_latency_p95_s", self.slo.e2e_latency_p95_s, stale)
@@ -88,7 +101,7 @@ class ServicePanel(TextLines):
                 share = stage.share or 0.0
                 filled = round(share * 10)
                 text.append(f"{stage.name} ")
-                text.append("█" * filled, style="cyan")
+                text.append("█" * filled, style=p.secondary)
                 text.append("░" * (10 - filled), style="dim")
                 text.append(f" {seconds(stage.p50_s)}/{seconds(stage.p95_s)} {share * 100:.0f}%   ", style=stale)
         if snap.fleet:
@@ -100,10 +113,9 @@ class ServicePanel(TextLines):
         text.rstrip()
         return text
 
-    @staticmethod
-    def _signal(text: Text, label: str, value: str, snap: ServingSnapshot, name: str, slo: float | None, style: str) -> None:
+    def _signal(self, text: Text, label: str, value: str, snap: ServingSnapshot, name: str, slo: float | None, style: str) -> None:
         current = snap.signals.get(name)
         breach = slo is not None and current is not None and current > slo
         text.append(f"{label} ", style=style)
-        text.append(f"{'!' if breach else ''}{value}", style="bold red" if breach else style or "bold")
+        text.append(f"{'!' if breach else ''}{value}", style=f"bold {self.palette.error}" if breach else style or "bold")
         text.append(f" {sparkline([v for _, v in snap.series(name)])}  ", style="dim")

@@ -23,7 +23,7 @@ from textual.widgets import Footer, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
 from gpuscope.core import allocations, pyspy
-from gpuscope.core.allocations import Attribution
+from gpuscope.core.attribution import Attribution
 from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
 from gpuscope.tui.textlines import printable_text

@@ -23,7 +23,7 @@ import pytest
 
 from gpuscope import probe
 from gpuscope.core import privilege, probe_client
-from gpuscope.core.allocator import MAX_PROBES
+from gpuscope.core.torch_memory import MAX_PROBES
 
 from helpers import ROOT
 from conftest import SYSTEM_PYTHON

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 from markdown_it import MarkdownIt
 
-from gpuscope.core.allocations import Attribution, Rung
+from gpuscope.core.attribution import Attribution, Rung
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal
 from gpuscope.core.model import Device

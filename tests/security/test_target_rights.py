@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from gpuscope.core import allocations, inject, privilege
+from gpuscope.core import target as introspection
 
 from helpers import gpuscope_cmd
 from conftest import SYSTEM_PYTHON
@@ -95,10 +96,10 @@ def test_the_attach_check_runs_the_targets_interpreter_only_as_its_owner(other_u
 def test_the_injection_check_runs_the_targets_interpreter_only_as_its_owner(other_user, argv0):
     target = start_hostile(other_user, argv0)
     before = runs_recorded(other_user)
-    interpreter = allocations.target_interpreter(target.pid)
+    interpreter = introspection.target_interpreter(target.pid)
     assert interpreter.owner.uid == other_user.uid and interpreter.path.startswith(("/usr/", str(other_user.home)))
-    allocations._SAFE_INJECTION.clear()
-    allocations.injection_problem(interpreter)  # the canary: a throwaway process of that interpreter
+    introspection._SAFE_INJECTION.clear()
+    introspection.injection_problem(interpreter)  # the canary: a throwaway process of that interpreter
     try:
         inject.inject_probe(target.pid, anyway=True, timeout=5)
     except inject.InjectRefused:

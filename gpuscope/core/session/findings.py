@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscope.core.allocations import Attribution
+from gpuscope.core.attribution import Attribution
 from gpuscope.core.diagnosis import Diagnosis
 
 CONFIDENCE_RANK = {"high": 2, "low": 1}  # an attribution's; anything else ("none") ranks 0

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuscope.core.allocations import Attribution
+from gpuscope.core.attribution import Attribution
 from gpuscope.core.diagnosis import Diagnosis, Evidence
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.model import Frame

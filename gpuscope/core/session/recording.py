@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpuscope.core.allocations import Attribution
+from gpuscope.core.attribution import Attribution
 from gpuscope.core.atomic import kind_of
 from gpuscope.core.diagnosis import Diagnosis
 from gpuscope.core.model import Frame, MemorySeries, ProcessRow

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuscope.core.allocations import Attribution
+from gpuscope.core.attribution import Attribution
 from gpuscope.core.diagnosis import Diagnosis, Evidence, diagnose
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.model import Frame, ProcessDetail, ReplayPosition

@@ -16,7 +16,7 @@ MAX_PROBES = 32  # a read asks at most this many probes (one short request each)
 READ_TIMEOUT_S = 1.0
 
 
-class AllocatorCollector:
+class TorchMemoryCollector:
     def __init__(self) -> None:
         self._probes = ProbeWatch()
 
