@@ -55,6 +55,7 @@ import psutil
 from gpuscope.core import privilege, probe_client, pyspy
 from gpuscope.core.printable import printable_line
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect, classify, owner_frame
+from gpuscope.errors import GpuscopeError
 
 MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC = (3, 14)
 ATTACH_TIMEOUT_S = 60.0
@@ -94,7 +95,7 @@ class Attribution:
     cost: dict = field(default_factory=dict)  # the tracker's: "rss_before", "rss_tracking", "rss_after", "from", "sees"
 
 
-class AttachRefused(Exception):
+class AttachRefused(GpuscopeError):
     """memray will not be attached; the message says why and what to do instead."""
 
 

@@ -20,11 +20,12 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from gpuscope.errors import GpuscopeError
 
 T = TypeVar("T")
 
 
-class DecodeError(ValueError):
+class DecodeError(GpuscopeError, ValueError):
     """A stored value does not fit the class it should become."""
 
 

@@ -24,6 +24,7 @@ from gpuscope.core import privilege
 from gpuscope.core.model import HostMemory, HostProcess, ProcessDetail
 from gpuscope.core.printable import printable
 from gpuscope.core.redact import redact_command
+from gpuscope.errors import Failure
 
 _PYTHON_NAME = re.compile(r"^(?:python|pypy)\d*(?:\.\d+)*[a-z]?$")
 _PYTHON_IN_PATH = re.compile(r"(?:python|pypy)(\d+\.\d+)")
@@ -31,11 +32,11 @@ _LIBPYTHON = re.compile(r"libpython(\d+\.\d+)")
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time"]
 
 
-class ProcessGone(Exception):
+class ProcessGone(Failure):
     """The process does not exist (any more)."""
 
 
-class ProcessForbidden(Exception):
+class ProcessForbidden(Failure):
     """The process exists but this user may not read it."""
 
 

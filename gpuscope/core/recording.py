@@ -37,6 +37,7 @@ from gpuscope.core.diagnosis import Diagnosis
 from gpuscope.core.model import Frame, MemorySeries, ProcessRow
 from gpuscope.core.serving_model import ServingSnapshot, SignalPoint
 from gpuscope.core.stacks import StackDump, StackSample
+from gpuscope.errors import Failure
 
 EVENT_TYPES: dict[str, type] = {
     "stacks": StackDump,
@@ -46,7 +47,7 @@ EVENT_TYPES: dict[str, type] = {
 }
 
 
-class RecordingError(Exception):
+class RecordingError(Failure):
     """The file cannot be replayed; the message is one line for a person."""
 
 
