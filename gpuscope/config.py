@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace

@@ -163,3 +163,27 @@ def test_the_alert_thresholds_come_from_the_settings(tmp_path, monkeypatch):
     config.write_text("[alerts]\nfast_rate = 123456\n")
     thresholds = Settings.load(env={"GPUSCOPE_CONFIG": str(config)}).thresholds
     assert thresholds.fast_rate == 123456 and thresholds != LeakThresholds()
+
+
+def test_main_reads_and_parses_the_settings_file_once(config_file, monkeypatch, capsys):
+    """One Settings per run: the file read and its TOML parsed once, whatever the command asks."""
+    import gpuscope.config as config_module
+    from gpuscope.cli import main
+
+    reads, parses = [], []
+    read_regular, parse_toml = config_module.read_regular, config_module.parse_toml
+    monkeypatch.setattr(config_module, "read_regular", lambda *a, **k: reads.append(a) or read_regular(*a, **k))
+    monkeypatch.setattr(config_module, "parse_toml", lambda text: parses.append(text) or parse_toml(text))
+    assert main(["config", "--config", str(config_file)]) == 0
+    assert "console.refresh_s = 2" in capsys.readouterr().out
+    assert (len(reads), len(parses)) == (1, 1)
+
+
+def test_settings_are_immutable():
+    import dataclasses
+
+    settings = Settings.load(env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.config = Config()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        settings.effective["console.refresh_s"] = None  # type: ignore[index]

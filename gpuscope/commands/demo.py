@@ -47,9 +47,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     demo: Demo | None = None
     try:
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+        for caught in (signal.SIGTERM, signal.SIGHUP):
             if headless:
-                previous[signum] = signal.signal(signum, on_signal)
+                previous[caught] = signal.signal(caught, on_signal)
         demo = Demo(cuda=cuda_usable())
         demo.start()
         if headless:

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     agent.start()
-    bound_host, bound_port = server.server_address[:2]
+    bound_host, bound_port = str(server.server_address[0]), server.server_address[1]
     scheme = "https" if args.tls_cert else "http"
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     print(f"gpuscope exporter: serving {scheme}://{shown}:{bound_port}/metrics for node {node}", file=sys.stderr,

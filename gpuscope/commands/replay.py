@@ -33,6 +33,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from gpuscope.tui.app import GpuScopeApp
 
     source = ReplaySource(recording)
-    app = GpuScopeApp(source, theme=theme, serving=source.serving if recording.serving else None, thresholds=settings.thresholds)
+    serving = source.serving if recording.serving else None
+    # GpuScopeApp takes any serving source; its annotation names only the live one.
+    app = GpuScopeApp(source, theme=theme, serving=serving, thresholds=settings.thresholds)  # type: ignore[arg-type]
     app.run()
     return app.return_code or 0

@@ -47,13 +47,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.pid is not None:
         attach_check(args.pid)
     refresh, thresholds = settings.refresh_s, settings.thresholds
-    serving = serving_source(settings)
+    live_serving = serving_source(settings)
     journal = Journal(None, meta=session_meta("journal", pid=args.pid, interval_s=refresh))
     source = Recorded(NodeSource(interval=refresh, focus_pid=args.pid, thresholds=thresholds), journal.frame, journal)
     frames = threading.Event()
     source.start(lambda frame: frames.set())
+    serving = None if live_serving is None else Recorded(live_serving, journal.serving, journal)
     if serving is not None:
-        serving = Recorded(serving, journal.serving, journal)
         serving.start(lambda snapshot: None)
     print(f"recording for {args.duration:g} s (Ctrl-C ends it early)…", file=sys.stderr, flush=True)
     try:

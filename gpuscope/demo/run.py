@@ -92,6 +92,7 @@ class Demo:
             raise DemoError(f"the demo service did not start: {why}")
         self.url = match.group(1)
         # Only the announcement comes on stdout; the pipe is no longer needed.
+        assert self.service.stdout is not None
         self.service.stdout.close()
         # Its one-line tally at exit would land after the demo's own output: the service's
         # request count says the same.
