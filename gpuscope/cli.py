@@ -15,11 +15,10 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
-from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from gpuscope import __version__
-from gpuscope.commands import console
+from gpuscope.commands import Command, console
 from gpuscope.commands.common import theme_check
 from gpuscope.core.printable import printable
 from gpuscope.errors import GpuscopeError, UsageError
@@ -68,8 +67,8 @@ def add_global_arguments(parser: argparse.ArgumentParser, *, after_command: bool
                         help="do not record this session to a file (it is kept in memory for 'e' exports)")
 
 
-def command_module(name: str) -> ModuleType:
-    return import_module(f"gpuscope.commands.{name}")
+def command_module(name: str) -> Command:
+    return cast(Command, import_module(f"gpuscope.commands.{name}"))
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -151,9 +150,8 @@ def _run(argv: Sequence[str]) -> int:
     if args.theme is not None:
         theme_check(args.theme)
     settings = Settings.load(args.config, setting_flags(args))
-    module = console if args.command is None else command_module(args.command)
-    status: int = module.run(args, settings)
-    return status
+    command: Command = cast(Command, console) if args.command is None else command_module(args.command)
+    return command.run(args, settings)
 
 
 def _os_failure(exc: OSError) -> str:

@@ -48,8 +48,10 @@ The file must be a regular file (a link to one is fine) of at most 1 MiB: a FIFO
 as /dev/zero, or TOML nested past what the parser can follow is refused with one line, at once.
 Sections are checked here; what a section's keys mean is checked by the module that uses them
 (profiles by gpuscope.core.profiles), through `Config.error()` so every message looks the same.
-New settings: add their section to `SECTIONS` and a reader for it. `resolve()` joins the file
-with the environment and the command line's flags and says where each value came from.
+The values become gpuscope.core.settings' plain dataclasses (what the core takes). New
+settings: add their section there and to `SECTIONS`, and a reader for it here. `resolve()` joins
+the file with the environment and the command line's flags and says where each value came from;
+`Settings.load` does all of it once per run, and the command line passes the result down.
 
 No UI imports; secrets are never part of a repr or a message.
 """
@@ -60,7 +62,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -357,8 +359,8 @@ class Settings:
     `config` is the file as written; `effective` is each value the run uses and where it came
     from (`gpuscope config` prints it); the properties are the values the commands take."""
 
-    config: Config = Config()
-    effective: Mapping[str, Setting] = field(default_factory=lambda: MappingProxyType(resolve(Config(), {})))
+    config: Config
+    effective: Mapping[str, Setting]
 
     @classmethod
     def load(cls, file: str | None = None, flags: Mapping[str, Any] | None = None,
