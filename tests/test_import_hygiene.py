@@ -109,3 +109,13 @@ def test_every_error_gpuscope_raises_is_a_gpuscope_error():
                     and not issubclass(value, GpuscopeError)):
                 strays.append(f"{name}.{value.__name__}")
     assert strays == []
+
+
+@pytest.mark.parametrize("module", [m for m in CORE_MODULES if m.startswith("gpuscope.core.")])
+def test_the_core_imports_nothing_above_it(module):
+    """The core takes plain values: it never loads the settings file's reader, the command line,
+    the commands, the TUI or the demo (lint-imports checks the same statically)."""
+    above = ("gpuscope.config", "gpuscope.cli", "gpuscope.commands", "gpuscope.tui", "gpuscope.demo")
+    probe = f"import sys, {module}\nprint(','.join(m for m in sys.modules if m.startswith({above!r})))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "", out.stdout + out.stderr
