@@ -50,8 +50,13 @@ def test_without_a_terminal_the_console_points_to_the_headless_commands():
     assert "gpuscope ps --json" in line
 
 
+# ps lists the 20 largest Python processes: 256 MB keeps the child among them however many other
+# (smaller) Python processes the machine runs.
+BIG_IDLER = "ballast = b'x' * (256 << 20)\n" + IDLER
+
+
 def test_ps_text_and_json_list_a_child_without_its_secrets(spawn_python):
-    child = spawn_python(IDLER, "--token=abc123", "password=hunter2")
+    child = spawn_python(BIG_IDLER, "--token=abc123", "password=hunter2")
     text = run("ps")
     assert text.returncode == 0 and str(child.pid) in text.stdout
     rows = json.loads(run("ps", "--json").stdout)
