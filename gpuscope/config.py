@@ -48,8 +48,10 @@ The file must be a regular file (a link to one is fine) of at most 1 MiB: a FIFO
 as /dev/zero, or TOML nested past what the parser can follow is refused with one line, at once.
 Sections are checked here; what a section's keys mean is checked by the module that uses them
 (profiles by gpuscope.core.profiles), through `Config.error()` so every message looks the same.
-New settings: add their section to `SECTIONS` and a reader for it. `resolve()` joins the file
-with the environment and the command line's flags and says where each value came from.
+The values become gpuscope.core.settings' plain dataclasses (what the core takes). New
+settings: add their section there and to `SECTIONS`, and a reader for it here. `resolve()` joins
+the file with the environment and the command line's flags and says where each value came from;
+`Settings.load` does all of it once per run, and the command line passes the result down.
 
 No UI imports; secrets are never part of a repr or a message.
 """
@@ -58,11 +60,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -73,6 +75,18 @@ else:  # pragma: no cover - Python 3.10
 from gpuscope import theme_files
 from gpuscope.core.atomic import RefusedPath, read_regular
 from gpuscope.core.leak import LeakThresholds
+from gpuscope.core.settings import (
+    ALERT_KEYS,
+    AlertsConfig,
+    Config,
+    ConfigError,
+    ConsoleConfig,
+    JournalConfig,
+    PrometheusConfig,
+    ServiceConfig,
+    SloConfig,
+    find_line,
+)
 from gpuscope.folders import config_dir
 
 ENV_CONFIG = "GPUSCOPE_CONFIG"
@@ -84,117 +98,10 @@ MAX_REFRESH_S = 3600.0
 MAX_FILE_BYTES = 2**20  # a settings file is a few hundred bytes; more is not one
 
 
-class ConfigError(Exception):
-    """A configuration problem, as one line: `<file>, line N: <key>: <what is wrong>`."""
-
-
 def config_path(env: Mapping[str, str] = os.environ) -> Path:
     if env.get(ENV_CONFIG):
         return Path(env[ENV_CONFIG]).expanduser()
     return config_dir(env) / "config.toml"
-
-
-@dataclass(frozen=True, slots=True)
-class ConsoleConfig:
-    refresh_s: float = 1.0
-    theme: str | None = None  # None: the theme last chosen in the console, else the default
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceConfig:
-    metrics_url: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class PrometheusConfig:
-    url: str | None = None
-    token: str | None = field(default=None, repr=False)
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    job: str | None = None
-    instance: str | None = None
-
-
-# The leak detector's thresholds a user may change; the others are the detector's own business.
-ALERT_KEYS = ("fast_rate", "fast_duration_s", "slow_bytes", "slow_window_s", "min_rate", "min_confidence")
-
-
-@dataclass(frozen=True, slots=True)
-class AlertsConfig:
-    """When the live leak watch raises an alert; defaults are LeakThresholds' own."""
-
-    fast_rate: float = LeakThresholds.fast_rate
-    fast_duration_s: float = LeakThresholds.fast_duration_s
-    slow_bytes: float = LeakThresholds.slow_bytes
-    slow_window_s: float = LeakThresholds.slow_window_s
-    min_rate: float = LeakThresholds.min_rate
-    min_confidence: float = LeakThresholds.min_confidence
-
-    def thresholds(self) -> LeakThresholds:
-        return LeakThresholds(**{key: getattr(self, key) for key in ALERT_KEYS})
-
-
-@dataclass(frozen=True, slots=True)
-class SloConfig:
-    """Service-level objectives: a P95 above these is shown as a breach. Defaults from practice."""
-
-    ttft_p95_s: float = 0.8
-    e2e_latency_p95_s: float = 4.0
-
-
-@dataclass(frozen=True, slots=True)
-class JournalConfig:
-    """Session recording: on by default, bounded by age and by the total size of the files."""
-
-    enabled: bool = True
-    keep_days: float = 7.0
-    max_mb: float = 512.0
-
-
-@dataclass(frozen=True)
-class Config:
-    """The parsed file. `profiles` is the raw `[profiles.*]` tables (validated by profiles.py)."""
-
-    path: Path | None = None
-    text: str = field(default="", repr=False)
-    console: ConsoleConfig = ConsoleConfig()
-    service: ServiceConfig = ServiceConfig()
-    prometheus: PrometheusConfig = PrometheusConfig()
-    profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    slo: SloConfig = SloConfig()
-    alerts: AlertsConfig = AlertsConfig()
-    journal: JournalConfig = JournalConfig()
-
-    def error(self, keys: tuple[str, ...], message: str) -> ConfigError:
-        """A ConfigError for the value at `keys` (e.g. ("profiles", "vllm", "ttft"))."""
-        where = str(self.path) if self.path else "configuration"
-        line = find_line(self.text, keys)
-        if line is not None:
-            where += f", line {line}"
-        return ConfigError(f"{where}: {'.'.join(keys)}: {message}")
-
-
-def find_line(text: str, keys: tuple[str, ...]) -> int | None:
-    """The line (1-based) where `keys` is set in TOML `text`, if it can be found.
-
-    Looks for `last = ...` inside the `[a.b]` table made of the other keys (or at the top level
-    of the file for one key), then for a `[a.b.last]` table header. Enough for error messages;
-    not a TOML parser.
-    """
-    *table, last = keys
-    header = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(?:#.*)?$")
-    key = re.compile(rf"^\s*[\"']?{re.escape(last)}[\"']?\s*=")
-    current: list[str] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        h = header.match(line)
-        if h:
-            current = [part.strip().strip("\"'") for part in h[1].split(".")]
-            if current == list(keys):
-                return number
-            continue
-        if current == table and key.match(line):
-            return number
-    return None
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -> Config:
@@ -226,6 +133,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -
     return Config(
         path=path,
         text=text,
+        written=frozenset(f"{name}.{key}" for name, table in data.items() for key in table),
         console=_console(shell, data.get("console", {})),
         service=_service(shell, data.get("service", {})),
         prometheus=_prometheus(shell, data.get("prometheus", {})),
@@ -403,7 +311,6 @@ def resolve(config: Config, env: Mapping[str, str] = os.environ, flags: Mapping[
     `flags` maps setting keys (see FLAG_SETTINGS) to the values given on the command line (None:
     not given). Raises ConfigError for an unusable environment value."""
     flags = flags or {}
-    written = parse_toml(config.text) if config.text else {}
     settings: dict[str, Setting] = {}
     for section in fields(config):
         table = getattr(config, section.name)
@@ -412,7 +319,7 @@ def resolve(config: Config, env: Mapping[str, str] = os.environ, flags: Mapping[
         for item in fields(table):
             key = f"{section.name}.{item.name}"
             value = getattr(table, item.name)
-            if item.name in written.get(section.name, {}):
+            if key in config.written:
                 line = find_line(config.text, (section.name, item.name))
                 setting = Setting(key, value, "file", f"{config.path}" + (f", line {line}" if line else ""))
             else:
@@ -443,3 +350,45 @@ def _from_env(key: str, variable: str, text: str) -> Any:
     if key == "console.refresh_s":
         return check_refresh(text, lambda message: ConfigError(f"{variable}: {message}"))
     return text
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of one run, read once (`Settings.load`) and passed down to the command.
+
+    `config` is the file as written; `effective` is each value the run uses and where it came
+    from (`gpuscope config` prints it); the properties are the values the commands take."""
+
+    config: Config
+    effective: Mapping[str, Setting]
+
+    @classmethod
+    def load(cls, file: str | None = None, flags: Mapping[str, Any] | None = None,
+             env: Mapping[str, str] = os.environ) -> Settings:
+        """The file (`file`, else $GPUSCOPE_CONFIG, else the usual place), then the environment,
+        then the flags. Raises ConfigError (one line) when any of them is unusable."""
+        config = load_config(Path(file).expanduser() if file else None, env)
+        return cls(config, MappingProxyType(resolve(config, env, flags)))
+
+    def value(self, key: str) -> Any:
+        return self.effective[key].value
+
+    @property
+    def refresh_s(self) -> float:
+        return float(self.value("console.refresh_s"))
+
+    @property
+    def theme(self) -> str:
+        return str(self.value("console.theme"))
+
+    @property
+    def thresholds(self) -> LeakThresholds:
+        return self.config.alerts.thresholds()
+
+    @property
+    def slo(self) -> SloConfig:
+        return self.config.slo
+
+    @property
+    def journal(self) -> JournalConfig:
+        return replace(self.config.journal, enabled=bool(self.value("journal.enabled")))

@@ -29,6 +29,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 from gpuscope.core.atomic import RefusedPath, private_folder, read_regular, write_private
 from gpuscope.folders import config_dir, state_dir
+from gpuscope.errors import UsageError
 
 DEFAULT_THEME = "gpuscope-dark"
 COLOUR_KEYS = (
@@ -54,7 +55,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_THEME_BYTES = 64 * 1024  # a theme is a few hundred bytes
 
 
-class ThemeFileError(Exception):
+class ThemeFileError(UsageError):
     pass
 
 

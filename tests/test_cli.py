@@ -50,8 +50,13 @@ def test_without_a_terminal_the_console_points_to_the_headless_commands():
     assert "gpuscope ps --json" in line
 
 
+# ps lists the 20 largest Python processes: 256 MB keeps the child among them however many other
+# (smaller) Python processes the machine runs.
+BIG_IDLER = "ballast = b'x' * (256 << 20)\n" + IDLER
+
+
 def test_ps_text_and_json_list_a_child_without_its_secrets(spawn_python):
-    child = spawn_python(IDLER, "--token=abc123", "password=hunter2")
+    child = spawn_python(BIG_IDLER, "--token=abc123", "password=hunter2")
     text = run("ps")
     assert text.returncode == 0 and str(child.pid) in text.stdout
     rows = json.loads(run("ps", "--json").stdout)
@@ -59,3 +64,40 @@ def test_ps_text_and_json_list_a_child_without_its_secrets(spawn_python):
     assert mine and mine[0]["gpu"] is None and mine[0]["gpu_memory_bytes"] is None and mine[0]["rss_bytes"] > 0
     assert "abc123" not in text.stdout + json.dumps(rows) and "hunter2" not in text.stdout + json.dumps(rows)
     assert "NVML unavailable" in text.stderr  # said once, not on stdout where scripts read
+
+
+def test_global_flags_are_taken_before_or_after_the_command(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("[console]\nrefresh_s = 3\n")
+    for argv in (["--config", str(config), "config", "--json"], ["config", "--config", str(config), "--json"],
+                 ["config", "--json", "--config", str(config)]):
+        out = run(*argv)
+        assert out.returncode == 0, (argv, out.stderr)
+        assert json.loads(out.stdout)["settings"]["console.refresh_s"]["value"] == 3.0, argv
+    # After the command, a flag wins over the same flag before it; a flag not repeated is kept.
+    out = run("--refresh", "2", "--theme", "gpuscope-light", "config", "--refresh", "5", "--json")
+    settings = json.loads(out.stdout)["settings"]
+    assert settings["console.refresh_s"]["value"] == 5.0 and settings["console.theme"]["value"] == "gpuscope-light"
+    out = run("config", "--no-journal", "--theme", "gpuscope-ansi", "--json")
+    settings = json.loads(out.stdout)["settings"]
+    assert settings["journal.enabled"]["value"] is False and settings["console.theme"]["value"] == "gpuscope-ansi"
+    # ... and checked there as well
+    assert "at least 0.25" in one_line_error(run("config", "--refresh", "0.01"), 2)
+    assert "unknown theme 'neon'" in one_line_error(run("rules", "--theme", "neon"), 2)
+
+
+def test_every_command_honours_config(tmp_path):
+    """A bad --config is refused by every command, wherever the flag is."""
+    missing = str(tmp_path / "missing.toml")
+    for argv in (["ps", "--config", missing], ["--config", missing, "ps"],
+                 ["metrics", "--metrics-url", "http://127.0.0.1:9/metrics", "--config", missing],
+                 ["rules", "--config", missing], ["report", str(tmp_path / "none.gpuscope"), "--config", missing]):
+        assert "no such configuration file (set by --config)" in one_line_error(run(*argv), 2), argv
+
+
+def test_a_command_s_own_error_is_one_line_with_its_exit_status(tmp_path):
+    """Errors raised deep in the core (here the recording's) reach the user as one line, once."""
+    bad = tmp_path / "bad.gpuscope"
+    bad.write_bytes(b"not a recording\n")
+    line = one_line_error(run("report", str(bad)), 1)
+    assert str(bad) in line

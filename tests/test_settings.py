@@ -6,8 +6,9 @@ import subprocess
 import pytest
 
 from gpuscope import theme_files
-from gpuscope.cli import build_parser, console_settings, serving_source
-from gpuscope.config import Config, ConfigError, load_config, resolve
+from gpuscope.cli import build_parser, setting_flags
+from gpuscope.commands.common import console_theme, serving_source
+from gpuscope.config import Config, ConfigError, Settings, load_config, resolve
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.errors import UsageError
 
@@ -100,23 +101,28 @@ def test_a_bad_environment_value_names_the_variable():
         resolve(load_config(), env={"GPUSCOPE_REFRESH": "soon"})
 
 
+def settings_of(argv, env=None):
+    """The settings `main` builds for this command line."""
+    args = build_parser(argv).parse_args(argv)
+    return Settings.load(args.config, setting_flags(args), {} if env is None else env)
+
+
 def test_the_console_takes_refresh_theme_thresholds_and_service_from_the_file(config_file):
-    args = build_parser().parse_args(["--config", str(config_file)])
-    refresh, theme, thresholds = console_settings(args)
-    assert (refresh, theme) == (2.0, "gpuscope-light")
-    assert thresholds == LeakThresholds(fast_rate=2e6)
-    serving, _ = serving_source(args)
+    settings = settings_of(["--config", str(config_file)])
+    assert (settings.refresh_s, console_theme(settings)) == (2.0, "gpuscope-light")
+    assert settings.thresholds == LeakThresholds(fast_rate=2e6)
+    serving = serving_source(settings)
     assert serving.collector.target_names == ["http://127.0.0.1:9/metrics"] and serving.interval == 2.0
     # a source on the command line replaces the file's
-    args = build_parser().parse_args(["--config", str(config_file), "--metrics-url", "http://127.0.0.1:10/metrics"])
-    assert serving_source(args)[0].collector.target_names == ["http://127.0.0.1:10/metrics"]
+    settings = settings_of(["--config", str(config_file), "--metrics-url", "http://127.0.0.1:10/metrics"])
+    assert serving_source(settings).collector.target_names == ["http://127.0.0.1:10/metrics"]
 
 
 def test_an_unknown_theme_in_the_file_is_refused_with_where_it_was_set(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text("[console]\ntheme = 'neon'\n")
     with pytest.raises(UsageError, match=r"unknown theme 'neon' \(console.theme from .*line 2\); available: gpuscope-ansi"):
-        console_settings(build_parser().parse_args(["--config", str(path)]))
+        console_theme(settings_of(["--config", str(path)]))
 
 
 def gpuscope(*args, env=None):
@@ -153,13 +159,31 @@ def test_gpuscope_config_with_a_bad_file_is_one_line_and_non_zero(tmp_path):
 
 def test_the_alert_thresholds_come_from_the_settings(tmp_path, monkeypatch):
     """[alerts] in the settings is what `diagnose`, `report` and the wizard judge growth by."""
-    import argparse
-
-    from gpuscope.cli import alert_thresholds
-    from gpuscope.core.leak import LeakThresholds
-
     config = tmp_path / "config.toml"
     config.write_text("[alerts]\nfast_rate = 123456\n")
-    monkeypatch.setenv("GPUSCOPE_CONFIG", str(config))
-    thresholds = alert_thresholds(argparse.Namespace())
+    thresholds = Settings.load(env={"GPUSCOPE_CONFIG": str(config)}).thresholds
     assert thresholds.fast_rate == 123456 and thresholds != LeakThresholds()
+
+
+def test_main_reads_and_parses_the_settings_file_once(config_file, monkeypatch, capsys):
+    """One Settings per run: the file read and its TOML parsed once, whatever the command asks."""
+    import gpuscope.config as config_module
+    from gpuscope.cli import main
+
+    reads, parses = [], []
+    read_regular, parse_toml = config_module.read_regular, config_module.parse_toml
+    monkeypatch.setattr(config_module, "read_regular", lambda *a, **k: reads.append(a) or read_regular(*a, **k))
+    monkeypatch.setattr(config_module, "parse_toml", lambda text: parses.append(text) or parse_toml(text))
+    assert main(["config", "--config", str(config_file)]) == 0
+    assert "console.refresh_s = 2" in capsys.readouterr().out
+    assert (len(reads), len(parses)) == (1, 1)
+
+
+def test_settings_are_immutable():
+    import dataclasses
+
+    settings = Settings.load(env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.config = Config()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        settings.effective["console.refresh_s"] = None  # type: ignore[index]

@@ -1,6 +1,6 @@
 """The service panel over injected serving snapshots (Pilot)."""
 
-from gpuscope.config import SloConfig
+from gpuscope.core.settings import SloConfig
 from gpuscope.core.changepoint import Jump
 from gpuscope.core.serving_model import FleetRow, ServingSnapshot, SignalPoint, Signals, StageStats
 from gpuscope.tui.app import GpuScopeApp

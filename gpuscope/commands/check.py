@@ -24,13 +24,13 @@ import sys
 import time
 
 from gpuscope import __version__
-from gpuscope.cli import alert_thresholds, settings
+from gpuscope.commands.common import DAY_S, attach_check, count, pid, seconds
 from gpuscope.commands.output import check_output, deliver
 from gpuscope.commands.run import launch_env
+from gpuscope.config import Settings
 from gpuscope.core.gate import (
     DEFAULT_TOLERANCE_PCT,
     Baseline,
-    BaselineError,
     CheckRun,
     baseline_json,
     judge,
@@ -50,21 +50,58 @@ from gpuscope.core.gate_run import (
     wait_ready,
 )
 from gpuscope.core.redact import redact_command
-from gpuscope.errors import Failure, UsageError
+from gpuscope.errors import Failure, Signalled, UsageError
 
 
-class _Signalled(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Start COMMAND (the service) under gpuscope's probe, drive it through rounds and fail (exit 1) when its "
+        "memory floor grows per round more than a known-good run's (--baseline F) beyond --tolerance PCT of its "
+        "memory, when the leak detector finds a leak outright, or when the service or the load command fails. "
+        "A round is one run of --load CMD (it ends when CMD exits), or --round-seconds S of the service's own "
+        "work without --load. A round's floor is its lowest memory (RSS of the service's process tree, GPU "
+        "memory per device) in the quiet --settle seconds at its end (after the load command has exited); "
+        "--warmup-rounds rounds come first and are not judged. Exit 0 pass, 1 fail, 2 bad input."
+    )
+    parser.add_argument("--rounds", type=count(1000), default=3, metavar="N", help="rounds to judge (default 3)")
+    parser.add_argument("--warmup-rounds", type=int, default=1, metavar="N",
+                        help="rounds before those, not judged (default 1; 0: the idle service is the reference)")
+    parser.add_argument("--load", metavar="CMD", help="shell command run once per round; the round ends when it exits")
+    parser.add_argument("--round-seconds", type=seconds(1.0, DAY_S), metavar="S",
+                        help="without --load: each round lasts S seconds (default 10)")
+    parser.add_argument("--settle", type=seconds(0.1, 3600.0), metavar="S",
+                        help="the quiet seconds at the end of a round whose lowest memory is its floor "
+                             "(default 0.25 after the load command; without --load, the last quarter of the round)")
+    parser.add_argument("--round-timeout", type=seconds(1.0, DAY_S), default=900.0, metavar="S",
+                        help="fail when a load command runs longer than this (default 900)")
+    parser.add_argument("--baseline", metavar="F", help="the baseline file of a known-good run (gpuscope.check-baseline/1)")
+    parser.add_argument("--update-baseline", action="store_true",
+                        help="write this run to --baseline F instead of comparing (only if the run is healthy)")
+    parser.add_argument("--tolerance", type=float, metavar="PCT",
+                        help="growth per round allowed beyond the baseline's, in %% of the service's memory floor (default 3)")
+    parser.add_argument("--pid", type=pid, help="watch this running service instead of starting COMMAND")
+    parser.add_argument("--metrics-url", action="append", metavar="URL",
+                        help="the service's /metrics: requests and P95 latency per round (repeatable)")
+    parser.add_argument("--ready-url", metavar="URL",
+                        help="wait until this answers before the first round (default: the first --metrics-url)")
+    parser.add_argument("--ready-timeout", type=seconds(1.0, DAY_S), default=120.0, metavar="S",
+                        help="how long to wait for --ready-url (default 120)")
+    parser.add_argument("--no-memray", action="store_true",
+                        help="do not track allocation sites with memray inside the service")
+    parser.add_argument("--json", action="store_true", help="the gpuscope.check/1 JSON object on stdout")
+    parser.add_argument("--junit", metavar="F", help="also write JUnit XML to F (a test case per round and criterion)")
+    parser.add_argument("--markdown", metavar="F", help="also write a Markdown summary to F (for a CI job summary)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing --junit or --markdown file (--update-baseline always replaces the baseline)")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the service and its arguments")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     command = list(args.program or [])
     if command and command[0] == "--":
         command = command[1:]
-    plan, baseline = _plan(args, command)
-    metrics = _metrics(args)
+    plan, baseline = _plan(args, command, settings)
+    metrics = _metrics(args, settings)
     ready_url = args.ready_url or (args.metrics_url[0] if args.metrics_url else None)
     if ready_url:
         _check_url(ready_url, "--ready-url")
@@ -87,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             outcome = drive(service, plan, command=shown, memory=memory, metrics=metrics, progress=progress,
                             probe_wait_s=PROBE_WAIT_S if isinstance(service, StartedService) else 0.0)
-    except _Signalled as sig:
+    except Signalled as sig:
         print(f"gpuscope check: stopped by {sig}", file=sys.stderr)
         return 128 + sig.signum
     finally:
@@ -100,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     return _report(args, outcome, baseline)
 
 
-def _plan(args: argparse.Namespace, command: list[str]) -> tuple[Plan, Baseline | None]:
+def _plan(args: argparse.Namespace, command: list[str], settings: Settings) -> tuple[Plan, Baseline | None]:
     """Every option checked before anything starts; the baseline read (one line when it is bad)."""
     if args.pid is not None and command:
         raise UsageError("give either --pid P (a service that runs already) or a COMMAND to start, not both")
@@ -129,10 +166,7 @@ def _plan(args: argparse.Namespace, command: list[str]) -> tuple[Plan, Baseline 
             check_output(path, force)
     baseline = None
     if args.baseline and not args.update_baseline:
-        try:
-            baseline = load_baseline(args.baseline)
-        except BaselineError as exc:
-            raise UsageError(str(exc)) from None
+        baseline = load_baseline(args.baseline)
     first = None
     if baseline is not None and args.load:
         reference = baseline.reference
@@ -140,19 +174,19 @@ def _plan(args: argparse.Namespace, command: list[str]) -> tuple[Plan, Baseline 
     plan = Plan(
         rounds=args.rounds, warmup_rounds=args.warmup_rounds, load=args.load, round_s=round_s, settle_s=settle,
         round_timeout_s=args.round_timeout, memray=not args.no_memray, first_round_s=first,
-        thresholds=alert_thresholds(args),
+        thresholds=settings.thresholds,
     )
     return plan, baseline
 
 
-def _metrics(args: argparse.Namespace) -> RoundMetrics | None:
+def _metrics(args: argparse.Namespace, settings: Settings) -> RoundMetrics | None:
     if not args.metrics_url:
         return None
     from gpuscope.core.serving import make_collector  # noqa: PLC0415
 
-    config, _ = settings(args)
     try:
-        return RoundMetrics(lambda window: make_collector(window_s=window, metrics_urls=args.metrics_url, config=config))
+        return RoundMetrics(lambda window: make_collector(window_s=window, metrics_urls=args.metrics_url,
+                                                          config=settings.config))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -168,8 +202,6 @@ def _check_url(url: str, option: str) -> None:
 
 def _start(args: argparse.Namespace, command: list[str]) -> tuple[StartedService | RunningService, str]:
     if args.pid is not None:
-        from gpuscope.cli import attach_check  # noqa: PLC0415
-
         attach_check(args.pid)
         service = RunningService(args.pid)
         try:
@@ -218,4 +250,4 @@ def _report(args: argparse.Namespace, outcome: CheckRun, baseline: Baseline | No
 
 
 def _raise_signalled(signum: int, frame: object) -> None:
-    raise _Signalled(signum)
+    raise Signalled(signum)

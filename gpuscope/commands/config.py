@@ -1,6 +1,6 @@
 """`gpuscope config [--json]`: every setting's effective value and where it came from.
 
-    gpuscope --refresh 2 config
+    gpuscope config --refresh 2
     # file: /home/me/.config/gpuscope/config.toml
     console.refresh_s = 2                 # flag --refresh
     console.theme = "gpuscope-light"      # file /home/me/.config/gpuscope/config.toml, line 3
@@ -19,13 +19,21 @@ import json
 import sys
 from collections.abc import Mapping
 
-from gpuscope.cli import settings
-from gpuscope.config import SECRET_KEYS, config_path
+from gpuscope.config import SECRET_KEYS, Settings, config_path
 from gpuscope.core.redact import redact_text
 
 
-def run(args: argparse.Namespace) -> int:
-    config, effective = settings(args)
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Print every setting's effective value and where it came from: a flag (e.g. gpuscope config --refresh 2), "
+        "the environment, the config file or the default."
+    )
+    parser.add_argument("--json", action="store_true", help="a JSON object, for scripts")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    config, effective = settings.config, settings.effective
     if args.json:
         json.dump(
             {

@@ -11,24 +11,36 @@ import argparse
 import json
 import sys
 
-from gpuscope.cli import alert_thresholds, attach_check, serving_source
-from gpuscope.commands.output import check_output, deliver
+from gpuscope.commands.common import DAY_S, add_service_arguments, attach_check, pid, seconds, serving_source
+from gpuscope.commands.output import add_output_arguments, check_output, deliver
+from gpuscope.config import Settings
 from gpuscope.core.diagnosis import Diagnosis, diagnose
 from gpuscope.core.investigation import investigate
 from gpuscope.errors import Failure
 
 
-def run(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Watch a process, its GPU and its service, find what grows and the code that allocates it."
+    parser.add_argument("--pid", type=pid, required=True, help="the process")
+    parser.add_argument("--duration", type=seconds(5.0, DAY_S), default=30.0, metavar="S", help="seconds to watch (default 30)")
+    add_service_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="the gpuscope.diagnosis/1 JSON object")
+    add_output_arguments(parser, metavar="FILE", what="the report")
+    parser.add_argument("--no-inject", action="store_true", help="never attach memray (nothing runs inside the process)")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     check_output(args.output, args.force)  # before the watch: its minutes are not lost to a bad -o
     attach_check(args.pid)
-    serving, _ = serving_source(args)
+    serving = serving_source(settings)
     evidence = investigate(
         args.pid, args.duration, serving=serving, use_memray=not args.no_inject,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     if evidence.exited and len(evidence.rss.known()) < 2:
         raise Failure(f"process {args.pid} exited before it could be watched")
-    return emit(diagnose(evidence, alert_thresholds(args)), args)
+    return emit(diagnose(evidence, settings.thresholds), args)
 
 
 def emit(diagnosis: Diagnosis, args: argparse.Namespace) -> int:

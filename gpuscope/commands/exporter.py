@@ -16,7 +16,7 @@ import ssl
 import sys
 import threading
 
-from gpuscope.cli import settings
+from gpuscope.config import Settings
 from gpuscope.errors import Failure, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9835"
@@ -45,10 +45,25 @@ def _check_tls(args: argparse.Namespace) -> None:
         raise UsageError("--tls-client-ca needs --tls-cert and --tls-key (client certificates need TLS)")
 
 
-def run(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Serve this node's GPUs and processes as Prometheus metrics: per-process GPU memory, RSS, growth and "
+        "the leak detector's verdict, sampled every --refresh seconds with the [alerts] thresholds. "
+        "Listens on loopback unless told otherwise."
+    )
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="ADDR",
+                        help="HOST:PORT to serve /metrics on (default 127.0.0.1:9835; 0.0.0.0:9835 for every interface)")
+    parser.add_argument("--node-name", metavar="N", help="the node label (default: this host's name)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM) ...")
+    parser.add_argument("--tls-key", metavar="FILE", help="... and this private key (PEM)")
+    parser.add_argument("--tls-client-ca", metavar="FILE",
+                        help="with --tls-cert: require a client certificate signed by this CA (mutual TLS)")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     host, port = parse_listen(args.listen)
     _check_tls(args)
-    config, effective = settings(args)
     node = args.node_name or socket.gethostname()
     if not node or len(node) > 253 or not node.isprintable():
         raise UsageError("--node-name must be 1 to 253 printable characters")
@@ -58,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuscope.core.exporter import NodeAgent
 
-    agent = NodeAgent(node, interval=effective["console.refresh_s"].value, thresholds=config.alerts.thresholds())
+    agent = NodeAgent(node, interval=settings.refresh_s, thresholds=settings.thresholds)
     registry = CollectorRegistry()
     registry.register(agent.collector)
     ProcessCollector(namespace="gpuscope_exporter", registry=registry)  # its own CPU and memory
@@ -73,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     agent.start()
-    bound_host, bound_port = server.server_address[:2]
+    bound_host, bound_port = str(server.server_address[0]), server.server_address[1]
     scheme = "https" if args.tls_cert else "http"
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     print(f"gpuscope exporter: serving {scheme}://{shown}:{bound_port}/metrics for node {node}", file=sys.stderr,

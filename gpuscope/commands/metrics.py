@@ -25,8 +25,8 @@ import json
 import sys
 import time
 
-from gpuscope.cli import settings
-from gpuscope.config import ConfigError
+from gpuscope.commands.common import DAY_S, add_service_arguments, seconds
+from gpuscope.config import Settings
 from gpuscope.core.serving import ServingSource, make_collector, observe
 from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
 from gpuscope.errors import Failure, UsageError
@@ -60,10 +60,23 @@ def check_window(window_s: float, scrape: bool) -> None:
         )
 
 
-def run(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "The service's signals now, from its /metrics endpoint or from a Prometheus server."
+    add_service_arguments(parser, required=True, scrape_help="scrape this /metrics endpoint (repeatable)",
+                          prometheus_help="query this Prometheus server")
+    parser.add_argument(
+        "--window", type=seconds(0.0, 7 * DAY_S), metavar="SECONDS",
+        help="rate and quantile window (default: two scrapes 3 s apart, or 30 s of Prometheus; "
+             "0: quantiles over the cumulative buckets of one scrape)",
+    )
+    parser.add_argument("--watch", action="store_true", help="then print again every --refresh seconds (Ctrl+C stops)")
+    parser.add_argument("--json", action="store_true", help="the gpuscope.metrics/1 JSON object (one a line with --watch)")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     scrape = bool(args.metrics_url)
-    config, effective = settings(args)
-    refresh_s = effective["console.refresh_s"].value
+    refresh_s = settings.refresh_s
     if args.window is not None:
         window_s = args.window
     elif not scrape:
@@ -73,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     check_window(window_s, scrape)
     job, instance = args.job, args.instance
     if not scrape:  # the flags, else the environment and the settings file
-        job, instance = effective["prometheus.job"].value, effective["prometheus.instance"].value
+        job, instance = settings.value("prometheus.job"), settings.value("prometheus.instance")
     try:
         collector = make_collector(
             window_s=window_s,
@@ -81,9 +94,9 @@ def run(args: argparse.Namespace) -> int:
             prometheus=args.prometheus,
             job=job,
             instance=instance,
-            config=config,
+            config=settings.config,
         )
-    except (ConfigError, ValueError) as exc:
+    except ValueError as exc:
         raise UsageError(str(exc)) from None
     snapshot = observe(
         collector,

@@ -64,7 +64,7 @@ def write_output(output: str, data: bytes | str | BinaryIO, force: bool) -> Path
 
 
 def deliver(text: str, output: str | None, force: bool = False) -> None:
-    if to_stdout(output):
+    if output is None or to_stdout(output):
         sys.stdout.write(text)
         return
     path = write_output(output, text, force)

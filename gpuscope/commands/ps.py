@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from gpuscope.cli import settings
+from gpuscope.config import Settings
 from gpuscope.core.model import Frame
 from gpuscope.core.node import NodeSource
 from gpuscope.core.printable import printable
@@ -24,10 +24,13 @@ def sample_processes() -> Frame:
     return frame
 
 
-def run(args: argparse.Namespace) -> int:
-    # No setting changes this table, but the settings are resolved as for every command, so a
-    # bad --config (or $GPUSCOPE_CONFIG) is refused here too rather than silently ignored.
-    settings(args)
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "One-shot GPU + host process table."
+    parser.add_argument("--json", action="store_true", help="a JSON list, for scripts")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     frame = sample_processes()
     rows = sorted(frame.processes, key=lambda r: (r.gpu is None, -(r.gpu_memory_bytes or 0), -(r.rss_bytes or 0)))
     if args.json:

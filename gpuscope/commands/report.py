@@ -8,20 +8,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuscope.cli import alert_thresholds
-from gpuscope.commands.output import check_output, deliver
-from gpuscope.core.session.recording import RecordingError, open_recording
+from gpuscope.commands.output import add_output_arguments, check_output, deliver
+from gpuscope.config import Settings
+from gpuscope.core.session.recording import open_recording
 from gpuscope.core.session.report import build_report
-from gpuscope.errors import Failure
 
 
-def run(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "The verdict, the seven steps, the suspects with stacks, charts as text and the key numbers, as Markdown. "
+        "-o writes only a regular file, and replaces one only with --force."
+    )
+    parser.add_argument("file", metavar="FILE", help="the snapshot or journal")
+    add_output_arguments(parser, metavar="FILE.md", what="the report")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     check_output(args.output, args.force)
-    try:
-        recording = open_recording(args.file)
-        text = build_report(recording, alert_thresholds(args))
-    except RecordingError as exc:
-        raise Failure(str(exc)) from None
+    recording = open_recording(args.file)
+    text = build_report(recording, settings.thresholds)
     if recording.damage:
         print(f"note: {recording.damage}", file=sys.stderr)
     deliver(text, args.output, args.force)

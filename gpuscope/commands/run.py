@@ -26,6 +26,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from gpuscope.commands.common import pid
+from gpuscope.config import Settings
 from gpuscope.errors import Failure, UsageError
 
 BOOT_DIR = Path(__file__).resolve().parent.parent / "_probe_boot"
@@ -40,7 +42,23 @@ def launch_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
     return env
 
 
-def run(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run a program with gpuscope's probe started in each of its Python processes before the main module "
+        "runs (gpuscope run -- python serve.py ...): gpuscope then reads PyTorch's allocator and tracks "
+        "allocations in-process. The program replaces gpuscope (same PID, signals and exit status). "
+        "With --inject --pid PID: start the probe inside a running Python process instead (runs code inside it; "
+        "only if it has imported torch, unless --memray)."
+    )
+    parser.add_argument("--inject", action="store_true", help="start the probe inside the running process --pid (opt-in)")
+    parser.add_argument("--pid", type=pid, help="with --inject: the running Python process")
+    parser.add_argument("--memray", action="store_true",
+                        help="with --inject: start the probe even if torch is not imported (for memray tracking)")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="the program and its arguments")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     command = list(args.program or [])
     if command and command[0] == "--":
         command = command[1:]

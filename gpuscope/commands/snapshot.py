@@ -19,8 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-from gpuscope.cli import attach_check, console_settings, serving_source
-from gpuscope.commands.output import check_output, refusal, to_stdout
+from gpuscope.commands.common import DAY_S, add_service_arguments, attach_check, pid, seconds, serving_source
+from gpuscope.commands.output import add_output_arguments, check_output, refusal, to_stdout
+from gpuscope.config import Settings
 from gpuscope.core.atomic import RefusedPath
 from gpuscope.core import pyspy
 from gpuscope.core.node import NodeSource
@@ -30,17 +31,30 @@ from gpuscope.core.session.live import LiveSession
 from gpuscope.errors import Failure, UsageError
 
 
-def run(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Record the node (and the process --pid, and the service) for S seconds without a console and write "
+        "one snapshot file (mode 0600, written atomically) for 'gpuscope replay' and 'gpuscope report'. "
+        "-o writes only a regular file, and replaces one only with --force."
+    )
+    parser.add_argument("--pid", type=pid, help="the process to follow (its details and a stack dump go in)")
+    parser.add_argument("--duration", type=seconds(1.0, DAY_S), default=10.0, metavar="S", help="seconds to record (default 10)")
+    add_service_arguments(parser, labels=False)
+    add_output_arguments(parser, metavar="FILE", what="the snapshot", required=True)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     check_output(args.output, args.force)  # before the recording: its minutes are not lost to a bad -o
     if to_stdout(args.output) and sys.stdout.isatty():
         raise UsageError("-o - writes the binary snapshot to standard output: redirect it to a file or a pipe")
     if args.pid is not None:
         attach_check(args.pid)
-    refresh, _, thresholds = console_settings(args)
-    serving, _ = serving_source(args)
+    refresh, thresholds = settings.refresh_s, settings.thresholds
+    live_serving = serving_source(settings)
     journal = Journal(None, meta=session_meta("journal", pid=args.pid, interval_s=refresh))
     session = LiveSession(NodeSource(interval=refresh, focus_pid=args.pid, thresholds=thresholds),
-                          serving=serving, journal=journal)
+                          serving=live_serving, journal=journal)
     frames = threading.Event()
     session.start(lambda frame: frames.set(), lambda snapshot: None)
     print(f"recording for {args.duration:g} s (Ctrl-C ends it early)…", file=sys.stderr, flush=True)

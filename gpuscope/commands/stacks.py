@@ -6,26 +6,35 @@ import argparse
 import json
 import sys
 
-from gpuscope.cli import attach_check
+from gpuscope.commands.common import attach_check, count, pid, seconds
+from gpuscope.config import Settings
 from gpuscope.core import pyspy
 from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, StackDump, StackSample, stack_json, thread_json
-from gpuscope.errors import Failure
 
 SCHEMA = "gpuscope.stacks/1"
 MARK = {OWN: "●", STDLIB: "·", LIBRARY: "○", NATIVE: "◆"}  # the kind of a frame, readable without colour
 LEGEND = "● your code  · standard library  ○ installed package  ◆ native"
 
 
-def run(args: argparse.Namespace) -> int:
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Stack dumps of a running Python process through py-spy (one, or N samples aggregated)."
+    parser.add_argument("--pid", type=pid, required=True, help="the process")
+    parser.add_argument("--samples", type=count(10000), default=1, metavar="N", help="dumps to take and aggregate (default 1)")
+    parser.add_argument("--interval", type=seconds(0.01, 60.0), default=0.2, metavar="S", help="seconds between dumps (default 0.2)")
+    parser.add_argument("--native", action="store_true", help="include native (C/C++) frames")
+    parser.add_argument("--locals", action="store_true", help="include local variables (they can hold secrets)")
+    parser.add_argument("--json", action="store_true", help="JSON output")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
     attach_check(args.pid)
-    try:
-        if args.samples == 1:
-            result = pyspy.dump(args.pid, native=args.native, locals_=args.locals)
-        else:
-            print(f"sampling process {args.pid}: {args.samples} dumps, {args.interval:g} s apart", file=sys.stderr)
-            result = pyspy.sample(args.pid, args.samples, args.interval, native=args.native)
-    except pyspy.PySpyError as exc:
-        raise Failure(str(exc)) from None
+    result: StackDump | StackSample
+    if args.samples == 1:
+        result = pyspy.dump(args.pid, native=args.native, locals_=args.locals)
+    else:
+        print(f"sampling process {args.pid}: {args.samples} dumps, {args.interval:g} s apart", file=sys.stderr)
+        result = pyspy.sample(args.pid, args.samples, args.interval, native=args.native)
     if args.json:
         json.dump(to_json(result), sys.stdout)
         sys.stdout.write("\n")

@@ -60,12 +60,13 @@ from gpuscope.core.attribution import (
 )
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect
 from gpuscope.core.target import Interpreter, injection_problem, python_version, run_python, target_interpreter
+from gpuscope.errors import GpuscopeError
 
 MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC = (3, 14)
 ATTACH_TIMEOUT_S = 60.0
 
 
-class AttachRefused(Exception):
+class AttachRefused(GpuscopeError):
     """memray will not be attached; the message says why and what to do instead."""
 
 

@@ -29,9 +29,10 @@ import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO
+from gpuscope.errors import UsageError
 
 
-class RefusedPath(OSError):
+class RefusedPath(UsageError, OSError):
     """A path gpuscope will not write to or read; the message is one line for a person.
 
     `exists`: refused only because a regular file is there (the caller may offer to replace it)."""

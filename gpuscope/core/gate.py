@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from gpuscope.core.growth import theil_sen
 from gpuscope.core.leak import LeakAssessment
 from gpuscope.core.units import format_bytes
+from gpuscope.errors import UsageError
 
 BASELINE_SCHEMA = "gpuscope.check-baseline/1"
 RESULT_SCHEMA = "gpuscope.check/1"
@@ -48,7 +49,7 @@ SITES_SHOWN = 5
 MIN_SITE_EXCESS = 64 << 10  # a site must hold this much more per round than in the baseline to count
 
 
-class BaselineError(Exception):
+class BaselineError(UsageError):
     """The baseline file cannot be used; the message is one line that says what to do."""
 
 

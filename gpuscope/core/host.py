@@ -23,15 +23,16 @@ from gpuscope.core.model import HostMemory, HostProcess, ProcessDetail
 from gpuscope.core.printable import printable
 from gpuscope.core.redact import redact_command
 from gpuscope.core.target import interpreter_version, is_python, libpython_version, version_in_name
+from gpuscope.errors import Failure
 
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time"]
 
 
-class ProcessGone(Exception):
+class ProcessGone(Failure):
     """The process does not exist (any more)."""
 
 
-class ProcessForbidden(Exception):
+class ProcessForbidden(Failure):
     """The process exists but this user may not read it."""
 
 

@@ -33,6 +33,7 @@ import psutil
 
 from gpuscope.core import privilege, probe_client, pyspy, target
 from gpuscope.core.printable import printable_line
+from gpuscope.errors import Failure
 
 STATUS_TIMEOUT_S = 15.0
 GDB_TIMEOUT_S = 30.0
@@ -96,7 +97,7 @@ continue
 '''
 
 
-class InjectRefused(Exception):
+class InjectRefused(Failure):
     """The probe was not injected; the message says why (and what to do instead)."""
 
 

@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from gpuscope.core.model import Device, GpuUse, NvmlReading
+from gpuscope.errors import GpuscopeError
 
 # Process queries newest first; a driver that lacks a version answers FunctionNotFound.
 _PROCESS_QUERIES = (
@@ -21,7 +22,7 @@ _VERSIONS = ("_v3", "_v2", "")
 _GPU_LOST = "GPU is lost: it fell off the bus (check dmesg; a reset or reboot is needed)"
 
 
-class DeviceFailed(Exception):
+class DeviceFailed(GpuscopeError):
     """A device-wide failure (GPU lost, no permission) that ends the read of that device."""
 
 

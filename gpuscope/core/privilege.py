@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 import psutil
+from gpuscope.errors import Failure
 
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -40,7 +41,7 @@ MAX_SWEEP_NAMES = 100_000  # entries of the temporary folder looked at by one sw
 _FOLDER = re.compile(r"^gpuscope-(memray|inject)-(\d+)-")
 
 
-class NotPermitted(Exception):
+class NotPermitted(Failure):
     """gpuscope cannot act with (only) the target owner's rights; the message says why."""
 
 

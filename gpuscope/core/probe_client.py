@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import psutil
 
 from gpuscope import probe as _probe
+from gpuscope.errors import GpuscopeError
 
 CONNECT_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 10.0
@@ -40,7 +41,7 @@ MAX_REPLY = 16 * 1024 * 1024
 _NAME = re.compile(r"^probe-(\d+)\.sock$")
 
 
-class ProbeError(Exception):
+class ProbeError(GpuscopeError):
     """The probe could not be reached or could not answer; the message says why, in one sentence."""
 
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
-from gpuscope.config import Config
+from gpuscope.core.settings import Config
 from gpuscope.core.promql import Selector
 from gpuscope.core.serving_model import Signals, StageStats, finite_or_none
 

@@ -41,7 +41,7 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 from requests.utils import get_encoding_from_headers
 
-from gpuscope.config import PrometheusConfig
+from gpuscope.core.settings import PrometheusConfig
 from gpuscope.core import fetch
 from gpuscope.core.profiles import (
     Answer,

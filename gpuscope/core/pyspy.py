@@ -25,6 +25,7 @@ import psutil
 from gpuscope.core.printable import printable
 from gpuscope.core.redact import MASK, is_secret_name, redact_text
 from gpuscope.core.stacks import StackDump, StackFrame, StackSample, ThreadStack, aggregate, classify
+from gpuscope.errors import Failure
 
 NONBLOCKING_FROM_THREADS = 64  # more OS threads than this: do not pause the target
 DUMP_TIMEOUT_S = 10.0
@@ -36,7 +37,7 @@ PERMISSION_HELP = (
 )
 
 
-class PySpyError(Exception):
+class PySpyError(Failure):
     """py-spy could not read the process; the message says why and what to do."""
 
 

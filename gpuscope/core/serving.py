@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuscope.config import Config
+from gpuscope.core.settings import Config
 from gpuscope.core.changepoint import latency_jump
 from gpuscope.core.poller import Poller, Reading
 from gpuscope.core.profiles import load_profiles
@@ -96,7 +96,7 @@ def make_collector(
     timeout: float = 5.0,
 ) -> ScrapeCollector | PrometheusCollector:
     """The collector for the command-line options. ValueError (one plain line) on bad input;
-    gpuscope.config.ConfigError from a bad profile section of the configuration file."""
+    gpuscope.core.settings.ConfigError from a bad profile section of the configuration file."""
     profiles = load_profiles(config)
     if metrics_urls:
         if job or instance:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 from gpuscope.core.changepoint import Jump
 from gpuscope.core.printable import printable
+from gpuscope.errors import GpuscopeError
 
 SCHEMA = "gpuscope.metrics/1"
 
@@ -176,7 +177,7 @@ class Evaluation:
     stages: tuple[StageStats, ...] = ()
 
 
-class SourceError(Exception):
+class SourceError(GpuscopeError):
     """A read that produced nothing usable, as one plain line (credentials already redacted).
 
     `unreachable`: nothing answered (refused, no route, timed out), as opposed to an answer that

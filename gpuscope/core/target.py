@@ -172,6 +172,7 @@ def injection_problem(interpreter: Interpreter) -> str | None:
         if key in _SAFE_INJECTION:
             return _SAFE_INJECTION[key]
         gdb = shutil.which("gdb")
+        problem: str | None
         if gdb is None:
             problem = "gdb is not installed (memray needs it to attach before Python 3.14): apt-get install gdb"
         else:
@@ -215,5 +216,6 @@ def _canary(gdb: str, interpreter: Interpreter) -> str | None:
     finally:
         canary.kill()
         canary.wait()
-        canary.stdout.close()
-        canary.stderr.close()
+        for pipe in (canary.stdout, canary.stderr):
+            if pipe is not None:
+                pipe.close()

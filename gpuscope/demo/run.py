@@ -1,31 +1,25 @@
-"""`gpuscope demo`: start the leaking sample RAG service under load and watch it.
+"""The demo's processes: the leaking sample RAG service and its load generator (`Demo`).
 
-Interactive, the console attaches to the service. Headless, it samples the service's memory
-once a second and prints what the console would tell (text or `gpuscope.demo/1` JSON).
-Everything started here is stopped here, whatever ends the demo; the children also watch
-their parent PID, so even a SIGKILL of gpuscope leaves nothing running.
+`gpuscope demo` (gpuscope.commands.demo) starts them and watches the service. Everything started
+here is stopped by `Demo.stop`, whatever ends the demo; the children also watch their parent PID,
+so even a SIGKILL of gpuscope leaves nothing running.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
 import re
 import selectors
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from typing import Any
 
-from gpuscope.cli import alert_thresholds, console_settings, run_console, serving_source, terminal_check
-from gpuscope.errors import Failure, UsageError
 from gpuscope.demo.lifecycle import child_env
+from gpuscope.errors import Failure
 
 # Per query kept by the retriever: at the load generator's ~10 requests/s, ~6 MB/s — above the
 # detector's 5 MB/s-for-10-s alert, so a 20 s headless demo ends with a verdict of "leak".
@@ -38,14 +32,8 @@ _LISTENING = re.compile(r"listening on (http://\S+)")
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxies
 
 
-class DemoError(Exception):
+class DemoError(Failure):
     """The demo could not run: one plain line for the user."""
-
-
-class _Signalled(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def cuda_usable(timeout: float = CUDA_PROBE_TIMEOUT_S) -> bool:
@@ -104,6 +92,7 @@ class Demo:
             raise DemoError(f"the demo service did not start: {why}")
         self.url = match.group(1)
         # Only the announcement comes on stdout; the pipe is no longer needed.
+        assert self.service.stdout is not None
         self.service.stdout.close()
         # Its one-line tally at exit would land after the demo's own output: the service's
         # request count says the same.
@@ -161,80 +150,3 @@ class Demo:
         if self.service is not None and self.service.stdout is not None:
             self.service.stdout.close()
         self._service_log.close()
-
-
-# -- headless ------------------------------------------------------------------------------------
-
-
-def _headless(demo: Demo, args: argparse.Namespace, stop: threading.Event) -> int:
-    """The diagnosis of the demo service, as `gpuscope diagnose` would print it."""
-    from gpuscope.commands.diagnose import emit
-    from gpuscope.core.diagnosis import diagnose
-    from gpuscope.core.investigation import investigate
-
-    assert demo.service is not None
-    serving, _ = serving_source(args, [f"{demo.url}/metrics"])
-    duration = float(getattr(args, "duration", 20.0) or 20.0)
-    evidence = investigate(
-        demo.service.pid, duration, serving=serving, stop=stop,
-        progress=lambda line: print(f"demo service at {demo.url}: {line}", file=sys.stderr, flush=True),
-    )
-    if evidence.exited:
-        raise DemoError(f"the demo service (PID {demo.service.pid}) exited while being watched")
-    return emit(diagnose(evidence, alert_thresholds(args)), args)
-
-
-# -- entry ---------------------------------------------------------------------------------------
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    headless = bool(getattr(args, "headless", False) or getattr(args, "json", False))  # JSON is for scripts
-    if not headless:
-        terminal_check()  # before anything starts: no terminal, nothing to clean up, one line to read
-
-    stop = threading.Event()
-    previous: dict[int, Any] = {}
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-        raise _Signalled(signum)  # unwinds through the finally below, which stops the children
-
-    demo: Demo | None = None
-    try:
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            if headless:
-                previous[signum] = signal.signal(signum, on_signal)
-        demo = Demo(cuda=cuda_usable())
-        demo.start()
-        if headless:
-            return _headless(demo, args, stop)
-        return _console(demo, args)
-    except _Signalled as sig:
-        return 128 + sig.signum
-    except DemoError as exc:
-        print(f"gpuscope: {exc}", file=sys.stderr)
-        return 1
-    except (Failure, UsageError):
-        raise  # the command line's own one-line errors (say, from the console): it prints them
-    except Exception as exc:  # anything else is still one line, never a traceback
-        print(f"gpuscope: demo failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        # Signals during cleanup must not interrupt it: the handlers are removed first.
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if demo is not None:
-            demo.stop()
-
-
-def _console(demo: Demo, args: argparse.Namespace) -> int:
-    from gpuscope.core.node import NodeSource
-
-    assert demo.service is not None
-    refresh, theme, thresholds = console_settings(args)
-    source = NodeSource(interval=refresh, focus_pid=demo.service.pid, thresholds=thresholds)
-    serving, slo = serving_source(args, [f"{demo.url}/metrics"])
-    # The console ends itself cleanly on SIGTERM / SIGHUP; run_demo's finally then stops the
-    # children. If the terminal is lost and that exit cannot finish, the app runs demo.stop itself.
-    return run_console(args, source, serving, slo=slo, theme=theme, thresholds=thresholds, pid=demo.service.pid,
-                       interval=refresh, cleanups=(demo.stop,))

@@ -30,7 +30,7 @@ from textual.widgets import Footer, Input
 from gpuscope import __version__
 from gpuscope.core.model import Frame
 from gpuscope.core.printable import printable
-from gpuscope.config import SloConfig
+from gpuscope.core.settings import SloConfig
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.serving import ServingSource
 from gpuscope.core.session.format import describe

@@ -13,7 +13,7 @@ import time
 
 from rich.text import Text
 
-from gpuscope.config import SloConfig
+from gpuscope.core.settings import SloConfig
 from gpuscope.core.printable import printable
 from gpuscope.core.serving_model import ServingSnapshot
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme

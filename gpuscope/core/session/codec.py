@@ -20,11 +20,12 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from gpuscope.errors import GpuscopeError
 
 T = TypeVar("T")
 
 
-class DecodeError(ValueError):
+class DecodeError(GpuscopeError, ValueError):
     """A stored value does not fit the class it should become."""
 
 
@@ -104,7 +105,7 @@ class Decoder:
                 return {k: value(v) for k, v in data.items()} if value else _plain(dict(data))
 
             return mapping
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             return self._dataclass(tp)
         if tp is float and self._finite:
             return _finite_float

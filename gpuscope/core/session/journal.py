@@ -119,7 +119,7 @@ class Journal:
                     batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
-            writes = []
+            writes: list[tuple[str, Any]] = []
             for what, value in batch:
                 if what == "close":
                     closing = True

@@ -38,6 +38,7 @@ from gpuscope.core.session.codec import DecodeError, Decoder
 from gpuscope.core.session.findings import Findings
 from gpuscope.core.session.format import FORMAT, KEYFRAME_EVERY, SCHEMA, TABLES, FrameRebuilder, reject_constant, unpack
 from gpuscope.core.stacks import StackDump, StackSample
+from gpuscope.errors import Failure
 
 EVENT_TYPES: dict[str, type] = {
     "stacks": StackDump,
@@ -47,7 +48,7 @@ EVENT_TYPES: dict[str, type] = {
 }
 
 
-class RecordingError(Exception):
+class RecordingError(Failure):
     """The file cannot be replayed; the message is one line for a person."""
 
 
@@ -403,7 +404,7 @@ def _hardened(conn: sqlite3.Connection) -> sqlite3.Connection:
     and no value it yields is larger than MAX_CELL_BYTES (SQLite refuses to make one)."""
     conn.execute("PRAGMA trusted_schema = OFF")
     if hasattr(conn, "setlimit"):  # Python 3.11+; on 3.10 the column checks below still hold
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_CELL_BYTES)
+        conn.setlimit(getattr(sqlite3, "SQLITE_LIMIT_LENGTH", 0), MAX_CELL_BYTES)  # 0: SQLite's own number for it
     return conn
 
 

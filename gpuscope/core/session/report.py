@@ -49,7 +49,7 @@ def subject_pid(recording: Recording, frame: Frame) -> int | None:
         return frame.focus.pid
     growing = [r for r in frame.processes if r.growth_bytes_per_s]
     if growing:
-        return max(growing, key=lambda r: r.growth_bytes_per_s).pid
+        return max(growing, key=lambda r: r.growth_bytes_per_s or 0.0).pid
     return None
 
 

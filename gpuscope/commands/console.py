@@ -1,0 +1,71 @@
+"""`gpuscope [--pid PID] [--metrics-url URL | --prometheus URL [--job J] [--instance I]]`: the live
+console of this node (what `gpuscope` with no command runs).
+
+Light to import: the TUI (Textual) is imported only once it is certain a console will start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpuscope.commands.common import add_service_arguments, attach_check, console_theme, pid, serving_source, terminal_check
+
+if TYPE_CHECKING:
+    from gpuscope.config import Settings
+    from gpuscope.core.session.journal import Journal
+
+DESCRIPTION = (
+    "Live console of this GPU node: per-process GPU and host memory, growth, and the "
+    "process you attach to. Run without a command for the console."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pid", type=pid, help="attach to this process: the console focuses on it")
+    add_service_arguments(parser)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    theme = console_theme(settings)
+    if args.pid is not None:
+        attach_check(args.pid)
+    serving = serving_source(settings)
+    terminal_check()
+    from gpuscope.core.node import NodeSource
+
+    source = NodeSource(interval=settings.refresh_s, focus_pid=args.pid, thresholds=settings.thresholds)
+    return run_console(settings, source, serving, theme=theme, pid=args.pid)
+
+
+def run_console(settings: Settings, source: Any, serving: Any, *, theme: str, pid: int | None,
+                cleanups: Sequence[Callable[[], object]] = ()) -> int:
+    """Run the live console over `source` (and `serving`), recording the session to its journal."""
+    from gpuscope.core.session.live import LiveSession
+    from gpuscope.tui.app import GpuScopeApp
+
+    journal = open_journal(settings, pid=pid)
+    app = GpuScopeApp(LiveSession(source, serving=serving, journal=journal), theme=theme, slo=settings.slo,
+                      thresholds=settings.thresholds)
+    for cleanup in (journal.close, *cleanups):  # also when a lost terminal cuts the exit short
+        app.add_cleanup(cleanup)
+    try:
+        app.run()
+    finally:
+        journal.close()
+    if journal.path is not None:
+        print(f"gpuscope: session recorded in {journal.path} (gpuscope replay FILE, gpuscope report FILE)", file=sys.stderr)
+    return app.return_code or 0
+
+
+def open_journal(settings: Settings, *, pid: int | None) -> Journal:
+    """The session's journal, as the [journal] settings say (a journal that writes nothing when disabled)."""
+    from gpuscope.core.session.format import session_meta
+    from gpuscope.core.session.journal import open_session_journal
+
+    return open_session_journal(
+        enabled=settings.journal.enabled, keep_days=settings.journal.keep_days, max_mb=settings.journal.max_mb,
+        meta=session_meta("journal", pid=pid, interval_s=settings.refresh_s),
+    )
