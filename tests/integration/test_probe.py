@@ -22,9 +22,9 @@ from gpuscope import probe
 from gpuscope.core import allocations, probe_client
 from gpuscope.core.probe_client import ProbeClient, ProbeError
 
-from helpers import ROOT, wait_until
+from helpers import ROOT, SUPPORT, wait_until
 
-TESTS = str(Path(__file__).resolve().parent)
+TESTS = str(SUPPORT)
 
 # A child with the probe started; `{setup}` runs before the probe, `{body}` after "ready".
 PROBED = """

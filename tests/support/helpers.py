@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import threading
 import sys
@@ -15,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-FAKE_NVML_DIR = Path(__file__).resolve().parent / "fake_nvml"
+# tests/support/: imported by the tests (pytest puts it on sys.path) and by benchmarks/.
+SUPPORT = Path(__file__).resolve().parent
+ROOT = SUPPORT.parent.parent
+FAKE_NVML_DIR = SUPPORT / "fake_nvml"
+FIXTURES = SUPPORT / "fixtures" / "metrics"
 
 # Programs the tests watch. Each prints "ready" once it runs, then behaves as its name says.
 LEAKER = """
@@ -54,6 +58,13 @@ def fake_nvml_env(scenario_path: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(FAKE_NVML_DIR), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["GPUSCOPE_FAKE_NVML"] = str(scenario_path)
     return env
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def gpuscope_cmd() -> list[str]:

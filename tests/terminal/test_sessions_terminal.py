@@ -14,8 +14,8 @@ import pytest
 
 from gpuscope.core.recording import open_recording
 from gpuscope.core.units import format_bytes
+from frames import recording_text
 from helpers import LEAKER, gpuscope_cmd, wait_until
-from test_journal import recording_text
 
 pytestmark = pytest.mark.terminal
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpuscope.core.promql import Selector, histogram_quantile, in_range, increase, parse_le, rate
+from helpers import FIXTURES
 from promqltest import evaluate, read_cases, same
 
-FIXTURE = Path(__file__).parent / "fixtures" / "metrics" / "prometheus_histograms.test"
+FIXTURE = FIXTURES / "prometheus_histograms.test"
 CASES = read_cases(FIXTURE)
 REPLAYED = [c for c in CASES if c.skip is None]
 
