@@ -60,6 +60,14 @@ def fake_nvml_env(scenario_path: Path) -> dict[str, str]:
     return env
 
 
+def canary_says(monkeypatch, problem: str | None) -> None:
+    """Play the verdict of gpuscope's gdb canary (is injecting safe here?) instead of this machine's."""
+    from gpuscope.core import allocations  # noqa: PLC0415 - benchmarks import this module without gpuscope
+
+    monkeypatch.setattr(allocations, "_SAFE_INJECTION", {})
+    monkeypatch.setattr(allocations, "_canary", lambda gdb, interpreter: problem)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
