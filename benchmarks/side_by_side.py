@@ -4,7 +4,7 @@ What it measures, and how:
 
 Each tool runs in its own private tmux window of 120x40 under util-linux `script` (as in
 steady_state.py: every byte the tool writes to its terminal lands in a typescript file), at a 1 s
-refresh, on a node played by the project's fake `pynvml` (tests/fake_nvml: the real nvidia-ml-py
+refresh, on a node played by the project's fake `pynvml` (tests/support/fake_nvml: the real nvidia-ml-py
 binding over a fake driver library), which gpuscope and nvitop both load unchanged:
 
     gpuscope:  python -m gpuscope --refresh 1 --pid <leaking child>

@@ -1,6 +1,6 @@
 """histogram_quantile and rate as Prometheus 2.42 computes them (gpuscope.core.promql).
 
-The oracle is Prometheus's own promqltest file (tests/fixtures/metrics/prometheus_histograms.test,
+The oracle is Prometheus's own promqltest file (tests/support/fixtures/metrics/prometheus_histograms.test,
 from a newer Prometheus): every classic-bucket `histogram_quantile` case it holds is replayed. The
 cases that cannot apply to 2.42 are listed in SKIPPED with the reason, and counted, so a changed
 fixture or reader cannot silently skip more.
