@@ -91,6 +91,14 @@ def require_tool(name: str) -> str:
     pytest.skip(f"{name} is not installed")
 
 
+def require_gpu(missing: str) -> None:
+    """A GPU test cannot run (`missing` says why): skip on machines without a GPU, but fail under
+    scripts/gpu-check, which is run where there is one and must not pass with its tests skipped."""
+    if os.environ.get("GPUSCOPE_REQUIRE_GPU"):
+        pytest.fail(f"{missing} (GPUSCOPE_REQUIRE_GPU is set: the GPU checks must run)")
+    pytest.skip(missing)
+
+
 class Tmux:
     """gpuscope in a real terminal: tmux runs it, send-keys types, capture-pane reads the screen."""
 
