@@ -22,6 +22,7 @@ GROUPS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
     for item in items:
