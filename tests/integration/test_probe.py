@@ -6,10 +6,12 @@ CUDA is "initialised"), except where a test needs to look at the files it makes.
 
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -98,12 +100,13 @@ def test_importing_the_probe_loads_only_the_standard_library():
 
 
 @pytest.fixture
-def runtime(tmp_path, monkeypatch):
-    run = tmp_path / "run"
-    run.mkdir(mode=0o700)
+def runtime(monkeypatch):
+    # Not under tmp_path, which can be too deep for a socket's path (at most 107 bytes).
+    run = Path(tempfile.mkdtemp(prefix="gpuscope-run-"))  # 0700
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
     yield run / "gpuscope"
     probe.stop()
+    shutil.rmtree(run, ignore_errors=True)
 
 
 def test_socket_is_private_named_by_pid_idempotent_and_removed_when_stopped(runtime):
