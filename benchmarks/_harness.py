@@ -7,7 +7,8 @@
 - `Cleanup`: everything started is registered here and killed in a `finally`, on errors, on
   Ctrl-C (KeyboardInterrupt) and on SIGTERM/SIGHUP (turned into SystemExit so `finally` runs).
 
-Standard library + psutil only; nothing here imports gpuscope.
+Standard library + psutil, and the tests' own helpers (tests/support: the child programs, the
+fake NVML, polling with a deadline); nothing here imports gpuscope.
 """
 
 from __future__ import annotations
@@ -30,16 +31,12 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+
+from helpers import FAKE_NVML_DIR, IDLER, ROOT, free_port, gpuscope_cmd, wait_until  # noqa: E402,F401 - re-exported
+
 WIDTH, HEIGHT = 120, 40
 PANE_TERM = "xterm-256color"  # set in the pane (tmux would otherwise set its default-terminal)
-
-IDLER = """
-import time
-print("ready", flush=True)
-while True:
-    time.sleep(1)
-"""
 
 # ~1 MB/s (100 kB every 0.1 s, pages touched so RSS really grows), bounded at LEAK_MB then flat.
 LEAKER = """
@@ -52,12 +49,6 @@ while True:
         keep.append(bytearray(b"x" * 100_000))
     time.sleep(0.1)
 """
-
-
-def gpuscope_cmd() -> list[str]:
-    """The installed console script next to this interpreter, else `python -m gpuscope`."""
-    script = Path(sys.executable).parent / "gpuscope"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuscope"]
 
 
 def require_tool(name: str) -> str:
@@ -281,17 +272,6 @@ class Tmux:
             sock.unlink()
         except OSError:
             pass
-
-
-def wait_for(condition: Callable[[], object], timeout: float, interval: float, what: str):
-    deadline = time.perf_counter() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.perf_counter() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

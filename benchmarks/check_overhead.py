@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from _harness import (
     ROOT,
     Cleanup,
     dump_json,
+    free_port,
     gpuscope_cmd,
     install_signal_handlers,
     kill_popen,
@@ -91,12 +91,6 @@ for t in threads:
 sys.exit(1 if failed else 0)
 """
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def service_cmd(port: int, *extra: str) -> list[str]:

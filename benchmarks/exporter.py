@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from _harness import ROOT, Cleanup, dump_json, machine, print_table, run_script
+from _harness import FAKE_NVML_DIR, ROOT, Cleanup, dump_json, machine, print_table, run_script
 
 GPUS, PER_GPU = 8, 25
 
@@ -43,7 +43,7 @@ def main() -> int:
                          for i, p in enumerate(sleepers[g * PER_GPU:(g + 1) * PER_GPU])]}
             for g in range(GPUS)]}))
         os.environ["GPUSCOPE_FAKE_NVML"] = str(scenario)
-        sys.path[:0] = [str(ROOT / "tests" / "fake_nvml"), str(ROOT)]
+        sys.path[:0] = [str(FAKE_NVML_DIR), str(ROOT)]
         result = measure(opts.seconds, opts.refresh)
     result["machine"] = machine()
     if opts.json:

@@ -3,7 +3,7 @@
 What it measures, and how:
 
 A ~5 MB exposition is synthesized in the shape of a busy vLLM V1 server plus a dcgm-exporter on
-a large node (families, bucket bounds and label names from tests/fixtures/metrics and the
+a large node (families, bucket bounds and label names from tests/support/fixtures/metrics and the
 research notes): vLLM histograms (TTFT, inter-token latency, e2e, queue/prefill/decode/inference,
 token-count histograms), counters and gauges for `--models` x `--engines` label sets, and the
 default dcgm-exporter fields for `--gpus` GPUs with their Hostname/UUID/pod labels.

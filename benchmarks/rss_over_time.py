@@ -22,7 +22,7 @@ import time
 
 import psutil
 
-from _harness import LEAKER, ROOT, Cleanup, install_signal_handlers, quote, run_script, wait_for
+from _harness import LEAKER, ROOT, Cleanup, install_signal_handlers, quote, run_script, wait_until
 from side_by_side import FAKE_NVML, scenario
 
 
@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                          "--refresh", str(args.refresh), "--pid", str(leaker.pid)])
         tmux = cleanup.tmux(command, name="rss")
         started = time.perf_counter()
-        pane = psutil.Process(wait_for(lambda: tmux.pane_pid(), timeout=10, interval=0.05, what="the pane"))
+        pane = psutil.Process(wait_until(lambda: tmux.pane_pid(), timeout=10, interval=0.05, what="the pane"))
         # `env` becomes the console (exec): the pane's own process, once its command line says so
-        wait_for(lambda: "gpuscope" in pane.cmdline(), timeout=30, interval=0.05, what="gpuscope to start")
+        wait_until(lambda: "gpuscope" in pane.cmdline(), timeout=30, interval=0.05, what="gpuscope to start")
         proc = pane
         print(f"gpuscope --refresh {args.refresh:g} on the {args.node} node; RSS of the console itself", flush=True)
         first = None

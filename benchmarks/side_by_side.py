@@ -4,7 +4,7 @@ What it measures, and how:
 
 Each tool runs in its own private tmux window of 120x40 under util-linux `script` (as in
 steady_state.py: every byte the tool writes to its terminal lands in a typescript file), at a 1 s
-refresh, on a node played by the project's fake `pynvml` (tests/fake_nvml: the real nvidia-ml-py
+refresh, on a node played by the project's fake `pynvml` (tests/support/fake_nvml: the real nvidia-ml-py
 binding over a fake driver library), which gpuscope and nvitop both load unchanged:
 
     gpuscope:  python -m gpuscope --refresh 1 --pid <leaking child>
@@ -44,6 +44,7 @@ import time
 import psutil
 
 from _harness import (
+    FAKE_NVML_DIR,
     LEAKER,
     ROOT,
     Cleanup,
@@ -55,11 +56,11 @@ from _harness import (
     require_tool,
     run_script,
     summary,
-    wait_for,
+    wait_until,
 )
 from steady_state import cpu_total, find_measured
 
-FAKE_NVML = ROOT / "tests" / "fake_nvml"
+FAKE_NVML = FAKE_NVML_DIR
 TOOLS = ("gpuscope", "nvitop", "htop")
 GIB = 1 << 30
 
@@ -108,9 +109,9 @@ def run_once(tool: str, node: str, cleanup: Cleanup, args: argparse.Namespace, l
     started = time.perf_counter()
     tmux = cleanup.tmux(pane, name=tool)
     try:
-        script_pid = wait_for(lambda: tmux.pane_pid(), timeout=10, interval=0.02, what="the pane")
+        script_pid = wait_until(lambda: tmux.pane_pid(), timeout=10, interval=0.02, what="the pane")
         proc = find_measured(script_pid, tool)
-        wait_for(lambda: node_shown(tool, tmux.screen(), leaker), timeout=60, interval=0.05,
+        wait_until(lambda: node_shown(tool, tmux.screen(), leaker), timeout=60, interval=0.05,
                  what=f"{tool} to show the node")
         first_frame = time.perf_counter() - started
 

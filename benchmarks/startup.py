@@ -46,7 +46,7 @@ from _harness import (
     quote,
     run_script,
     summary,
-    wait_for,
+    wait_until,
 )
 
 FORBIDDEN = ("textual", "rich", "textual_plotext", "plotext", "torch", "gpuscope.tui")
@@ -107,7 +107,7 @@ def console_first_frame(cleanup: Cleanup, runs: int, timeout: float) -> dict[str
     first_paint, first_frame, quit_s = [], [], []
     for _ in range(runs):
         tmux = cleanup.tmux("sleep 3600")
-        wait_for(lambda: tmux.pane_pid(), timeout=10, interval=POLL_S, what="the tmux placeholder")
+        wait_until(lambda: tmux.pane_pid(), timeout=10, interval=POLL_S, what="the tmux placeholder")
         painted = None
         t0 = time.perf_counter()
         tmux.respawn(cmd)

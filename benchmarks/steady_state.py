@@ -58,7 +58,7 @@ from _harness import (
     quote,
     run_script,
     require_tool,
-    wait_for,
+    wait_until,
 )
 
 TOOLS = ("gpuscope", "htop")
@@ -108,7 +108,7 @@ def find_measured(script_pid: int, tool: str) -> psutil.Process:
             raise RuntimeError(f"`script` (PID {script_pid}) exited: is util-linux script installed?") from None
         return None
 
-    return wait_for(match, timeout=30, interval=0.05, what=f"the {tool} process under script")
+    return wait_until(match, timeout=30, interval=0.05, what=f"the {tool} process under script")
 
 
 CSI = re.compile(rb"\x1b\[([0-9;?<=>]*)([ -/]*)([@-~])")
@@ -180,9 +180,9 @@ def measure(tool: str, cleanup: Cleanup, args: argparse.Namespace) -> dict[str, 
     pane = quote(prefix + [require_tool("script"), "-q", "-f", *log_timing, "-c", inner, str(typescript)])
     tmux = cleanup.tmux(pane, name=tool)
     try:
-        script_pid = wait_for(lambda: tmux.pane_pid(), timeout=10, interval=0.05, what="the pane")
+        script_pid = wait_until(lambda: tmux.pane_pid(), timeout=10, interval=0.05, what="the pane")
         proc = find_measured(script_pid, tool)
-        wait_for(lambda: typescript.exists() and typescript.stat().st_size > 0, timeout=30, interval=0.05,
+        wait_until(lambda: typescript.exists() and typescript.stat().st_size > 0, timeout=30, interval=0.05,
                  what=f"{tool} to write to the terminal")
         time.sleep(args.warmup)
         if not proc.is_running() or tmux.dead():

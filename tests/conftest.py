@@ -12,6 +12,26 @@ import pytest
 from helpers import FAKE_NVML_DIR, Tmux
 
 
+# The suite runs in several workers (pytest-xdist, `--dist loadgroup`): most tests wait on real
+# processes rather than compute, so they overlap well. A group runs in one worker, one test at a
+# time: the diagnoses judge memory over real-time windows and must not crowd each other (the
+# other workers' tests only wait, mostly); the security tests share one other user of the machine.
+GROUPS = {
+    "diagnosis": ("integration/test_diagnose.py", "integration/test_diagnose_libraries.py"),
+    "other-user": ("security/",),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        where = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        for group, prefixes in GROUPS.items():
+            if where.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def own_settings(tmp_path_factory, monkeypatch):
     """Every test gets empty config and state folders: the user's themes, settings and remembered

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpuscope.core import allocations, probe_client, pyspy
+from gpuscope.core import allocations, attribution, probe_client, pyspy
 from gpuscope.core import fetch
 from gpuscope.core.exposition import Endpoint
 from gpuscope.core.gate import SITES_PER_ROUND, CheckRun, Memory, Round, Site
@@ -362,7 +362,7 @@ class Tracking:
                 continue
             answered += 1
             records = allocations._records(reply.get("records") or (), "size")
-            for s in allocations.suspects_from_records(records, pyspy.own_roots(pid)):
+            for s in attribution.suspects_from_records(records, pyspy.own_roots(pid)):
                 site = Site(s.function, s.file, s.line, int(s.bytes or 0), int(s.count or 0))
                 kept = merged.get(site.key)
                 merged[site.key] = site if kept is None else Site(

@@ -41,6 +41,7 @@ class NvmlReading:
     devices: tuple[Device, ...] = ()
     uses: tuple[GpuUse, ...] = ()
     driver: str | None = None
+    notices: tuple[str, ...] = ()  # one line per GPU whose process list NVML refused
 
 
 @dataclass(frozen=True, slots=True)

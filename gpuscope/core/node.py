@@ -327,7 +327,7 @@ class NodeSource:
         )
 
     def _notices(self, snap: HostSnapshot, uses: dict[int, list[GpuUse]]) -> tuple[str, ...]:
-        notices: list[str] = []
+        notices: list[str] = list(self._nvml_reading.notices)
         invisible = [u for pid, us in uses.items() if pid not in snap.visible for u in us]
         # Outside a container a missing PID just exited between the two reads; inside one, NVML's
         # host PIDs are not in our namespace: say so once instead of rows of "no such process".

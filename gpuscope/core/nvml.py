@@ -2,7 +2,9 @@
 
 NVML is initialised once for the life of the collector (re-initialising costs seconds per GPU
 without persistence mode). Every failure becomes a value: NVML missing altogether is a status
-line, a lost or forbidden GPU is an error on that device, a field a GPU does not support is None.
+line, a lost or forbidden GPU is an error on that device, a field a GPU does not support is None,
+and a GPU that refuses to list its processes is one notice (its processes' GPU memory is unknown,
+which an empty list would hide).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class NvmlCollector:
         self._driver: str | None = None
         self._handles: dict[int, Any] = {}
         self._queries: dict[str, Any] = {}  # kind -> the process-query function that works here
+        self._refusals: dict[int, str] = {}  # this read's GPUs whose process list was refused, and why
 
     @property
     def status(self) -> str | None:
@@ -97,11 +100,16 @@ class NvmlCollector:
             return NvmlReading(status=f"NVML error listing GPUs: {exc}", driver=self._driver)
         devices: list[Device] = []
         uses: list[GpuUse] = []
+        self._refusals = {}
         for index in range(count):
             device, device_uses = self._read_device(index)
             devices.append(device)
             uses.extend(device_uses)
-        return NvmlReading(status=None, devices=tuple(devices), uses=tuple(uses), driver=self._driver)
+        notices = tuple(
+            f"GPU {index}: NVML refused to list its processes ({why}); their GPU memory is not shown"
+            for index, why in sorted(self._refusals.items())
+        )
+        return NvmlReading(status=None, devices=tuple(devices), uses=tuple(uses), driver=self._driver, notices=notices)
 
     # -- one device -----------------------------------------------------------------------------
 
@@ -154,7 +162,7 @@ class NvmlCollector:
     def _read_processes(self, index: int, handle: Any) -> list[GpuUse]:
         found: dict[int, GpuUse] = {}
         for kind, base in _PROCESS_QUERIES:
-            for proc in self._query_processes(kind, base, handle):
+            for proc in self._query_processes(index, kind, base, handle):
                 memory = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else None
                 prior = found.get(proc.pid)
                 if prior is not None:
@@ -165,7 +173,7 @@ class NvmlCollector:
                     found[proc.pid] = GpuUse(proc.pid, index, memory, kind)
         return list(found.values())
 
-    def _query_processes(self, kind: str, base: str, handle: Any) -> list[Any]:
+    def _query_processes(self, index: int, kind: str, base: str, handle: Any) -> list[Any]:
         nvml = self._nvml
         chosen = self._queries.get(kind)
         candidates = [chosen] if chosen is not None else [
@@ -178,9 +186,15 @@ class NvmlCollector:
                 continue  # an older driver: try the previous version of the query
             except nvml.NVMLError_GpuIsLost:
                 raise DeviceFailed(_GPU_LOST) from None
-            except (nvml.NVMLError_NotSupported, nvml.NVMLError_NoPermission):
+            except nvml.NVMLError_NotSupported:
+                if kind == "C":  # a GPU without graphics may well not list graphics processes
+                    self._refusals.setdefault(index, "not supported")
                 return []
-            except nvml.NVMLError:
+            except nvml.NVMLError_NoPermission:
+                self._refusals.setdefault(index, "no permission")
+                return []
+            except nvml.NVMLError as exc:
+                self._refusals.setdefault(index, _text(exc))
                 return []
             self._queries[kind] = fn
             return list(procs or [])

@@ -31,9 +31,8 @@ from gpuscope.tui.processes import ProcessTable
 from gpuscope.tui.stacks import DumpScreen
 
 from conftest import SYSTEM_PYTHON
-from frames import FakeSource, frame, rows
+from frames import FakeServing, FakeSource, frame, rows
 from helpers import ROOT, fake_nvml_env, gpuscope_cmd, wait_until
-from test_tui_service import FakeServing
 
 OSC_TITLE = "\x1b]0;pwned\x07"
 CLEAR = "\x1b[2J"

@@ -32,7 +32,7 @@ from gpuscope.core.session.replay import ReplaySession
 from gpuscope.core.session.report import build_report
 from gpuscope.core.serving_model import ServingSnapshot, Signals
 from gpuscope.core.stacks import StackDump, StackFrame, ThreadStack
-from helpers import gpuscope_cmd
+from helpers import SUPPORT, gpuscope_cmd
 
 FRAMES = 10
 BAD = 5  # the record a case damages
@@ -378,7 +378,7 @@ def test_a_console_crash_shows_no_local_variables(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(
         "import sys\n"
-        f"sys.path[:0] = [{str(Path(__file__).resolve().parent.parent)!r}]\n"
+        f"sys.path[:0] = [{str(SUPPORT)!r}]\n"
         "from frames import FakeSource, frame\n"
         "from gpuscope.tui.app import GpuScopeApp\n"
         "class Crashing(FakeSource):\n"

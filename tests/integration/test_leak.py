@@ -6,7 +6,8 @@ from __future__ import annotations
 import gc
 import math
 import random
-import time
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -331,46 +332,50 @@ def test_thresholds_are_configurable():
 
 # --- series recorded from real processes --------------------------------------------------------
 
-LEAKING = """
-import time
-keep = []
+# Each child takes one step of its pattern per line on stdin and answers "ok": the test reads its
+# RSS after each step and stamps it at 10 samples a second. The series is the real process's
+# memory, its shape fixed by the steps, not by how much CPU this machine leaves the children.
+STEPPER = """
+import sys
+{setup}
 print("ready", flush=True)
-while True:
-    keep.append(b"x" * 2_000_000)      # ~20 MB/s of touched pages, never freed
-    time.sleep(0.1)
+for i, _ in enumerate(sys.stdin):
+{step}
+    print("ok", flush=True)
 """
-PLATEAUING = """
-import time
-print("ready", flush=True)
-time.sleep(0.5)
-block = b"x" * 200_000_000             # 200 MB once (a model load), then idle
-while True:
-    time.sleep(1)
-"""
-SAWTOOTHING = """
-import time
-print("ready", flush=True)
-while True:
-    buf = b"x" * 150_000_000           # a batch buffer filled ...
-    time.sleep(0.25)
-    del buf                            # ... and freed (large blocks go back to the OS at once)
-    time.sleep(0.25)
-"""
+STEPS = {
+    "leaking": ("keep = []", "    keep.append(b'x' * 2_000_000)"),                  # 20 MB a sample, never freed
+    "plateauing": ("block = None", "    if i == 5:\n        block = b'x' * 200_000_000"),  # 200 MB once (a model load)
+    # a 150 MB batch buffer, filled for 3 samples and freed for 3 (large blocks go back to the OS at once)
+    "sawtoothing": ("buf = None", "    buf = b'x' * 150_000_000 if (i // 3) % 2 == 0 else None"),
+}
+SAMPLE_S = 0.1
 # Thresholds scaled to a recording of a few seconds: the fast rule over 1 s instead of 10 s,
-# floors of about 12 samples (1.2 s at 10 Hz: over two sawtooth periods).
+# floors of about 12 samples (1.2 s: two sawtooth periods).
 RECORDED = LeakThresholds(fast_duration_s=1.0, min_span_s=2.0, min_plateau_s=1.0, samples_per_floor=12, min_floors=4)
 
 
-def test_recorded_rss_of_real_processes_is_classified(spawn_python):
-    children = {name: psutil.Process(spawn_python(code).pid)
-                for name, code in (("leaking", LEAKING), ("plateauing", PLATEAUING), ("sawtoothing", SAWTOOTHING))}
-    recorded = {name: ([], []) for name in children}
-    start = time.monotonic()
-    while time.monotonic() - start < 5.0:  # all three at once, ~10 samples a second from /proc
-        for name, proc in children.items():
-            recorded[name][0].append(time.monotonic() - start)
-            recorded[name][1].append(float(proc.memory_info().rss))
-        time.sleep(0.1)
+def test_recorded_rss_of_real_processes_is_classified(tmp_path):
+    children = {}
+    try:
+        for name, (setup, step) in STEPS.items():
+            script = tmp_path / f"{name}.py"
+            script.write_text(STEPPER.format(setup=setup, step=step))
+            children[name] = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, text=True)
+            assert children[name].stdout.readline().strip() == "ready"
+        recorded = {name: ([], []) for name in children}
+        for i in range(50):  # 5 s of samples
+            for name, child in children.items():
+                child.stdin.write("step\n")
+                child.stdin.flush()
+                assert child.stdout.readline().strip() == "ok"
+                recorded[name][0].append(i * SAMPLE_S)
+                recorded[name][1].append(float(psutil.Process(child.pid).memory_info().rss))
+    finally:
+        for child in children.values():
+            child.kill()
+            child.wait()
     found = {name: check(assess(t, v, thresholds=RECORDED)) for name, (t, v) in recorded.items()}
     summary = {name: (a.verdict, a.pattern, a.reason) for name, a in found.items()}
     assert (found["leaking"].verdict, found["leaking"].pattern) == ("leak", "steady-growth"), summary

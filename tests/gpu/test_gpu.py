@@ -15,7 +15,7 @@ import pytest
 from gpuscope.core.node import NodeSource
 from gpuscope.core.nvml import NvmlCollector
 
-from helpers import wait_until
+from helpers import require_gpu, wait_until
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +42,7 @@ while True:
 def nvml_reading():
     reading = NvmlCollector().read()
     if reading.status is not None or not reading.devices:
-        pytest.skip(f"no GPU through NVML here ({reading.status or 'no devices'})")
+        require_gpu(f"no GPU through NVML here ({reading.status or 'no devices'})")
     return reading
 
 
@@ -51,7 +51,7 @@ def cuda_torch():
     probe = subprocess.run([sys.executable, "-c", "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
                            capture_output=True, timeout=120)
     if probe.returncode != 0:
-        pytest.skip("torch with CUDA is not available to this python")
+        require_gpu("torch with CUDA is not available to this python")
 
 
 def test_real_nvml_lists_devices(nvml_reading):

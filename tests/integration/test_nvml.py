@@ -92,6 +92,22 @@ def test_no_permission_and_unsupported_fields(fake_nvml):
     d1 = reading.devices[1]
     assert d1.error is None and d1.temperature is None and d1.utilization is None and d1.memory_used == 10 * GIB
     assert reading.uses == ()
+    # The refused process list is said, not read as "no processes": one notice for that GPU.
+    assert reading.notices == ("GPU 1: NVML refused to list its processes (no permission); their GPU memory is not shown",)
+
+
+@pytest.mark.parametrize("error, why", [("NoPermission", "no permission"), ("NotSupported", "not supported")])
+def test_a_refused_process_list_is_one_notice_per_gpu_that_ps_shows(tmp_path, error, why):
+    """Both process queries refused on GPU 0 (and every version of each): one line for GPU 0, in
+    the frame's notices, which `gpuscope ps` prints before its table; GPU 1 lists its processes."""
+    refused = {f"nvmlDeviceGet{kind}RunningProcesses{v}": error
+               for kind in ("Compute", "Graphics") for v in ("_v3", "_v2", "")}
+    scenario = tmp_path / "nvml.json"
+    scenario.write_text(json.dumps({"devices": [device(errors=refused), device()]}))
+    out = subprocess.run(gpuscope_cmd() + ["ps"], env=fake_nvml_env(scenario), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    notices = [line for line in out.stderr.splitlines() if "refused to list" in line]
+    assert notices == [f"# GPU 0: NVML refused to list its processes ({why}); their GPU memory is not shown"], out.stderr
 
 
 def test_a_process_that_vanishes_between_the_nvml_and_psutil_reads(fake_nvml, spawn_python, monkeypatch):

@@ -192,10 +192,24 @@ def test_stacks_command_json_and_errors(spawn_python):
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "not a Python process" in out.stderr
 
 
-def test_a_py_spy_killed_at_its_deadline_never_leaves_the_target_stopped(spawn_python):
+# Stand-ins for a py-spy that dies with the target stopped (py-spy #390, #416: a stop it sent is
+# delivered after it let go). Called as `py-spy dump --pid PID ...`: $3 is the target. `exec`, so
+# that killing the stand-in leaves no child holding its output open.
+STOPS_THEN_HANGS = '#!/bin/sh\nkill -STOP "$3"\nexec sleep 60\n'
+STOPS_THEN_FAILS = '#!/bin/sh\nkill -STOP "$3"\necho "Error: failed to read the stack" >&2\nexit 1\n'
+
+
+@pytest.mark.parametrize("script, error", [(STOPS_THEN_HANGS, "did not finish"), (STOPS_THEN_FAILS, "failed to read")],
+                         ids=["killed-at-its-deadline", "failed"])
+def test_a_py_spy_that_dies_with_the_target_stopped_never_leaves_it_stopped(spawn_python, monkeypatch, tmp_path,
+                                                                           script, error):
     child = spawn_python(BUSY)
-    with pytest.raises(pyspy.PySpyError, match="did not finish"):
-        pyspy.dump(child.pid, timeout=0.001)
+    stand_in = tmp_path / "py-spy"
+    stand_in.write_text(script)
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(pyspy, "find_pyspy", lambda: str(stand_in))
+    with pytest.raises(pyspy.PySpyError, match=error):
+        pyspy.dump(child.pid, timeout=2)
     target = psutil.Process(child.pid)
     assert target.status() != psutil.STATUS_STOPPED
     before = sum(target.cpu_times()[:2])

@@ -1,6 +1,6 @@
 """histogram_quantile and rate as Prometheus 2.42 computes them (gpuscope.core.promql).
 
-The oracle is Prometheus's own promqltest file (tests/fixtures/metrics/prometheus_histograms.test,
+The oracle is Prometheus's own promqltest file (tests/support/fixtures/metrics/prometheus_histograms.test,
 from a newer Prometheus): every classic-bucket `histogram_quantile` case it holds is replayed. The
 cases that cannot apply to 2.42 are listed in SKIPPED with the reason, and counted, so a changed
 fixture or reader cannot silently skip more.
@@ -11,16 +11,16 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpuscope.core.promql import Selector, histogram_quantile, in_range, increase, parse_le, rate
+from helpers import FIXTURES
 from promqltest import evaluate, read_cases, same
 
-FIXTURE = Path(__file__).parent / "fixtures" / "metrics" / "prometheus_histograms.test"
+FIXTURE = FIXTURES / "prometheus_histograms.test"
 CASES = read_cases(FIXTURE)
 REPLAYED = [c for c in CASES if c.skip is None]
 

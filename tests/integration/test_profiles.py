@@ -17,9 +17,8 @@ from gpuscope.core.prometheus import PrometheusAuth
 from gpuscope.core.scrape import ScrapeCollector
 from gpuscope.core.serving_model import SIGNAL_NAMES
 from gpuscope.demo.service import Metrics
-from helpers import gpuscope_cmd
+from helpers import FIXTURES, gpuscope_cmd
 
-FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
 
 def demo_exposition() -> str:

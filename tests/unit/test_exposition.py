@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import socket
-from pathlib import Path
 
 import pytest
 
@@ -12,9 +11,8 @@ from gpuscope.core.exposition import Endpoint, parse_exposition
 from gpuscope.core.scrape import scrape
 from gpuscope.core.serving_model import SourceError
 from gpuscope.core.promql import histogram_quantile, parse_le
+from helpers import FIXTURES
 from metrics_server import OPENMETRICS, MetricsServer, Reply
-
-FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
 
 def fixture(name: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import socket
 import subprocess
 import time
 import urllib.request
@@ -26,19 +25,12 @@ from gpuscope.core.prometheus import PrometheusCollector
 from gpuscope.core.scrape import ScrapeCollector
 from gpuscope.core.serving import ServingSource, observe
 from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
-from helpers import gpuscope_cmd, require_tool, wait_until
+from helpers import FIXTURES, free_port, gpuscope_cmd, require_tool, wait_until
 from metrics_server import MetricsServer, RawServer, Reply, ask, demo_service, linear_exposition
 
-FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 TOKEN = "tok-Zq81-very-secret"
 PASSWORD = "pa55-w0rd-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def dcgm_exposition(start: float):

@@ -6,10 +6,12 @@ CUDA is "initialised"), except where a test needs to look at the files it makes.
 
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -19,12 +21,12 @@ import psutil
 import pytest
 
 from gpuscope import probe
-from gpuscope.core import allocations, probe_client
+from gpuscope.core import allocations, attribution, probe_client
 from gpuscope.core.probe_client import ProbeClient, ProbeError
 
-from helpers import ROOT, wait_until
+from helpers import ROOT, SUPPORT, wait_until
 
-TESTS = str(Path(__file__).resolve().parent)
+TESTS = str(SUPPORT)
 
 # A child with the probe started; `{setup}` runs before the probe, `{body}` after "ready".
 PROBED = """
@@ -98,12 +100,13 @@ def test_importing_the_probe_loads_only_the_standard_library():
 
 
 @pytest.fixture
-def runtime(tmp_path, monkeypatch):
-    run = tmp_path / "run"
-    run.mkdir(mode=0o700)
+def runtime(monkeypatch):
+    # Not under tmp_path, which can be too deep for a socket's path (at most 107 bytes).
+    run = Path(tempfile.mkdtemp(prefix="gpuscope-run-"))  # 0700
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
     yield run / "gpuscope"
     probe.stop()
+    shutil.rmtree(run, ignore_errors=True)
 
 
 def test_socket_is_private_named_by_pid_idempotent_and_removed_when_stopped(runtime):
@@ -313,7 +316,7 @@ def test_with_cpu_torch_the_torch_requests_say_cuda_not_available(spawn_python):
                 client.request(op)
         assert client.hello()["cuda"]["initialized"] is False  # asking did not initialise it
     result = allocations.attribute(child.pid, 0.5, use_memray=False)
-    assert result.rungs[0] == allocations.Rung(
+    assert result.rungs[0] == attribution.Rung(
         "torch-history", "skipped", "CUDA not available in the process (torch has not initialised CUDA)"
     )
 
@@ -338,7 +341,7 @@ def test_torch_history_rung_names_the_function_that_keeps_cuda_blocks(spawn_pyth
     child = probed(spawn_python, CUDA_LEAKING, FAKE_CUDA)
     result = allocations.attribute(child.pid, 1.5)
     assert result.method == "torch-history" and result.confidence == "high"
-    assert result.rungs == (allocations.Rung("torch-history", "used", result.rungs[0].detail),)
+    assert result.rungs == (attribution.Rung("torch-history", "used", result.rungs[0].detail),)
     top = result.suspects[0]
     assert top.function == "keep_kv" and top.method == "torch-history" and top.share == 1.0
     assert top.bytes == top.count * (4 << 20) and top.count >= 10  # bytes still held, not churn
@@ -420,7 +423,7 @@ def test_diff_keeps_what_was_allocated_between_and_is_still_held():
     assert [(g["bytes"], g["count"], g["frames"][0][0]) for g in groups] == [(4160, 3, "grow_cache"), (512, 1, "forward")]
     assert omitted == 0 and groups[0]["frames"][1] == ["decode", "/srv/app/model.py", 90]
     assert probe.group_by_stack(probe.diff_blocks(before, after), limit=1)[1] == 1
-    suspects = allocations.suspects_from_records([(tuple(map(tuple, g["frames"])), g["bytes"], g["count"]) for g in groups],
+    suspects = attribution.suspects_from_records([(tuple(map(tuple, g["frames"])), g["bytes"], g["count"]) for g in groups],
                                                  method="torch-history")
     assert [(s.function, s.bytes, s.method) for s in suspects] == [("grow_cache", 4160, "torch-history"),
                                                                    ("forward", 512, "torch-history")]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
+import zlib
 from dataclasses import replace
+from pathlib import Path
 
 from gpuscope.core.diagnosis import Evidence, Series
 from gpuscope.core.model import Device, Frame, HostMemory, MemorySeries, NvmlReading, ProcessDetail, ProcessRow
@@ -107,3 +110,40 @@ class FakeSource:
     def evidence(self, pid, seconds):
         self.evidence_asked.append(pid)
         return self._evidence or leaking_evidence(pid)
+
+
+def session_frames(n: int):
+    """Frames as a node produces them: RSS creeping, a process leaving and coming back, one appearing."""
+    base = replace(frame(), chart=None, focus=None)
+    out = []
+    for i in range(n):
+        procs = [replace(r, rss_bytes=r.rss_bytes + i * 4096) if r.pid == 4242 else r for r in rows()]
+        if 70 <= i < 75:
+            procs = procs[1:]  # 4242 gone for a while: it comes back at the end of the order
+        if i >= 100:
+            procs.append(replace(rows()[-1], pid=31337, command="python late.py", cpu_percent=float(i)))
+        out.append(replace(base, time=T0 + i, processes=tuple(procs), selected_pid=4242 if i % 2 else None))
+    return out
+
+
+def recording_text(path: Path) -> str:
+    """Everything in a session file, readable: its metadata and every decompressed record."""
+    conn = sqlite3.connect(path)
+    parts = [f"{k}={v}" for k, v in conn.execute("SELECT key, value FROM meta")]
+    for table in ("frames", "serving", "events"):
+        parts += [zlib.decompress(blob).decode() for (blob,) in conn.execute(f"SELECT data FROM {table}")]
+    conn.close()
+    return "\n".join(parts)
+
+
+class FakeServing:
+    def __init__(self, *snapshots):
+        self.snapshots = snapshots
+        self.stopped = False
+
+    def start(self, on_snapshot):
+        for s in self.snapshots:
+            on_snapshot(s)
+
+    def stop(self):
+        self.stopped = True

@@ -7,7 +7,7 @@ import random
 import threading
 from dataclasses import replace
 
-from frames import T0
+from frames import T0, session_frames
 from gpuscope.core.changepoint import latency_jump
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal
@@ -18,7 +18,6 @@ from gpuscope.core.scrape import ScrapeCollector
 from gpuscope.core.serving import ServingSource
 from helpers import wait_until
 from metrics_server import MetricsServer, Reply
-from test_journal import session_frames
 
 
 def noisy(n, level, rng, t0=0.0):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import threading
 import sys
@@ -15,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-FAKE_NVML_DIR = Path(__file__).resolve().parent / "fake_nvml"
+# tests/support/: imported by the tests (pytest puts it on sys.path) and by benchmarks/.
+SUPPORT = Path(__file__).resolve().parent
+ROOT = SUPPORT.parent.parent
+FAKE_NVML_DIR = SUPPORT / "fake_nvml"
+FIXTURES = SUPPORT / "fixtures" / "metrics"
 
 # Programs the tests watch. Each prints "ready" once it runs, then behaves as its name says.
 LEAKER = """
@@ -56,6 +60,21 @@ def fake_nvml_env(scenario_path: Path) -> dict[str, str]:
     return env
 
 
+def canary_says(monkeypatch, problem: str | None) -> None:
+    """Play the verdict of gpuscope's gdb canary (is injecting safe here?) instead of this machine's."""
+    from gpuscope.core import target  # noqa: PLC0415 - benchmarks import this module without gpuscope
+
+    monkeypatch.setattr(target, "_SAFE_INJECTION", {})
+    monkeypatch.setattr(target, "_canary", lambda gdb, interpreter: problem)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def gpuscope_cmd() -> list[str]:
     """How to run the installed command (the console script next to this interpreter if present)."""
     script = Path(sys.executable).parent / "gpuscope"
@@ -70,6 +89,14 @@ def require_tool(name: str) -> str:
     if os.environ.get("GPUSCOPE_REQUIRE_TOOLS"):
         pytest.fail(f"{name} is not installed (CI must install it: see .ci/run)")
     pytest.skip(f"{name} is not installed")
+
+
+def require_gpu(missing: str) -> None:
+    """A GPU test cannot run (`missing` says why): skip on machines without a GPU, but fail under
+    scripts/gpu-check, which is run where there is one and must not pass with its tests skipped."""
+    if os.environ.get("GPUSCOPE_REQUIRE_GPU"):
+        pytest.fail(f"{missing} (GPUSCOPE_REQUIRE_GPU is set: the GPU checks must run)")
+    pytest.skip(missing)
 
 
 class Tmux:

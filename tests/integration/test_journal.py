@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from frames import T0, frame, rows
+from frames import T0, recording_text, rows, session_frames
 from gpuscope.core.session import format as journal_mod
 from gpuscope.core.attribution import Attribution, Rung
 from gpuscope.core.session.format import KEYFRAME_EVERY, session_meta
@@ -23,31 +23,7 @@ from gpuscope.core.session.journal import Journal
 from gpuscope.core.session.retention import prune
 from gpuscope.core.session.recording import RecordingError, open_recording
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect, ThreadStack
-from helpers import ROOT, gpuscope_cmd
-
-
-def session_frames(n: int):
-    """Frames as a node produces them: RSS creeping, a process leaving and coming back, one appearing."""
-    base = replace(frame(), chart=None, focus=None)
-    out = []
-    for i in range(n):
-        procs = [replace(r, rss_bytes=r.rss_bytes + i * 4096) if r.pid == 4242 else r for r in rows()]
-        if 70 <= i < 75:
-            procs = procs[1:]  # 4242 gone for a while: it comes back at the end of the order
-        if i >= 100:
-            procs.append(replace(rows()[-1], pid=31337, command="python late.py", cpu_percent=float(i)))
-        out.append(replace(base, time=T0 + i, processes=tuple(procs), selected_pid=4242 if i % 2 else None))
-    return out
-
-
-def recording_text(path: Path) -> str:
-    """Everything in a session file, readable: its metadata and every decompressed record."""
-    conn = sqlite3.connect(path)
-    parts = [f"{k}={v}" for k, v in conn.execute("SELECT key, value FROM meta")]
-    for table in ("frames", "serving", "events"):
-        parts += [zlib.decompress(blob).decode() for (blob,) in conn.execute(f"SELECT data FROM {table}")]
-    conn.close()
-    return "\n".join(parts)
+from helpers import ROOT, SUPPORT, gpuscope_cmd
 
 
 def test_frames_come_back_as_they_were_recorded(tmp_path):
@@ -163,7 +139,7 @@ def test_a_full_disk_stops_the_recording_and_keeps_what_was_written(tmp_path):
     script = tmp_path / "full.py"
     script.write_text(FULL_DISK)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(script), str(path), str(ROOT / "tests")], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(script), str(path), str(SUPPORT)], capture_output=True, text=True,
                           timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     problem = done.stdout.strip()

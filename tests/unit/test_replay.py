@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from frames import T0, frame
+from frames import T0, frame, session_frames
 from gpuscope.core.model import ProcessRow
 from gpuscope.core.diagnosis import diagnose
 from gpuscope.core.session.format import session_meta
@@ -23,7 +23,6 @@ from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import DumpScreen
 from gpuscope.tui.timeline import Timeline
 from gpuscope.tui.wizard import WizardScreen
-from test_journal import session_frames
 
 MIB = 2**20
 

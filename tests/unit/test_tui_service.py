@@ -6,20 +6,8 @@ from gpuscope.core.serving_model import FleetRow, ServingSnapshot, SignalPoint, 
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.service import ServicePanel
 
-from frames import T0, FakeSource, frame
+from frames import T0, FakeServing, FakeSource, frame
 
-
-class FakeServing:
-    def __init__(self, *snapshots):
-        self.snapshots = snapshots
-        self.stopped = False
-
-    def start(self, on_snapshot):
-        for s in self.snapshots:
-            on_snapshot(s)
-
-    def stop(self):
-        self.stopped = True
 
 
 def snapshot(**changes) -> ServingSnapshot:
@@ -106,10 +94,11 @@ async def test_the_wizard_shows_the_same_jump_on_its_service_step():
 
 
 async def test_an_answer_that_is_not_metrics_says_so_on_the_service_line():
+    from metrics_server import MetricsServer, Reply
+
     from gpuscope.core.profiles import BUILTIN_PROFILES
     from gpuscope.core.scrape import ScrapeCollector
     from gpuscope.core.serving import ServingSource
-    from metrics_server import MetricsServer, Reply
 
     with MetricsServer() as server:
         server.route("/metrics", Reply("<!DOCTYPE html>\n<html><body>Login</body></html>\n", content_type="text/html"))

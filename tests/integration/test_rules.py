@@ -1,5 +1,5 @@
 """`gpuscope rules`: the leak test as Prometheus rules, run by `promtool test rules` (Debian's
-prometheus package) over series of the same shapes the detector's tests use (tests/test_leak.py),
+prometheus package) over series of the same shapes the detector's tests use (tests/integration/test_leak.py),
 scraped every 15 s: the rules fire for the leaks and stay silent for the step, the sawtooth, the
 square wave, the warm-up once it has plateaued, a falling floor and noise."""
 
@@ -53,7 +53,7 @@ def gpu_series(vals: str) -> list[tuple[str, str]]:
 
 
 # (shape, minutes of data, {minute: horizons firing}) - the detector's verdicts on the same shapes
-# are in tests/test_leak.py: leaks there are leaks here, the rest is silent here.
+# are in tests/integration/test_leak.py: leaks there are leaks here, the rest is silent here.
 SHAPES = {
     "fast-leak-5MB/s": (lambda t: 5 * MB * t, 20, {4: [], 12: ["5m"], 20: ["5m"]}),
     "leak-1MB/s": (lambda t: 1 * MB * t, 40, {12: ["5m"], 40: ["30m", "5m"]}),
