@@ -16,6 +16,7 @@ import textwrap
 import psutil
 import pytest
 
+from gpuscope import cli
 from gpuscope.core import inject, probe_client
 from gpuscope.core.target import injection_problem, python_version_of, target_interpreter
 
