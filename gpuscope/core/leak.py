@@ -49,7 +49,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuscope.core.growth import theil_sen
+from gpuscope.core.growth import floor_growth, theil_sen
 from gpuscope.core.units import format_duration, format_size, format_speed
 
 VERDICTS = ("leak", "no-leak", "inconclusive")
@@ -1063,6 +1063,17 @@ class LeakWatch:
 
     def forget(self, key: Hashable) -> None:
         self._series.pop(key, None)
+
+    def recent_growth(self, key: Hashable, window_s: float) -> float | None:
+        """Growth per second of the series' floor over its last `window_s` seconds of data (the
+        console's GROW column), or None while there is too little data: `growth.floor_growth`
+        through the minima of the sketch's buckets, the floors the alerts are judged on."""
+        s = self._series.get(key)
+        last = s.sketch.last_time if s is not None else None
+        if s is None or last is None:
+            return None
+        buckets = s.sketch.recent(last - window_s)
+        return floor_growth([b.t_min for b in buckets], [b.v_min for b in buckets])
 
     def assessment(self, key: Hashable) -> LeakAssessment | None:
         s = self._series.get(key)

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gpuscope.core.growth import floor_growth
 from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess
 from gpuscope.core.target import is_python
 from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series
@@ -276,7 +275,6 @@ class NodeSource:
             if not mine:
                 continue  # no GPU series for host-only processes (the chart reads N/A)
             for u in mine:
-                self.store.add(("gpu", p.pid, p.create_time, u.device), snap.time, u.memory)
                 watch.add(("gpu", p.pid, p.create_time, u.device), snap.time, u.memory)
             known = [u.memory for u in mine if u.memory is not None]
             self.store.add(("gpu", p.pid, p.create_time), snap.time, sum(known) if known else None)
@@ -285,15 +283,15 @@ class NodeSource:
                 self.store.add(("alloc", p.pid, p.create_time), snap.time, torch.allocated_bytes)
                 self.store.add(("resv", p.pid, p.create_time), snap.time, torch.reserved_bytes)
 
-    def _growth(self, key: tuple, now: float) -> float | None:
-        times, values = self.store.window(key, now - GROWTH_WINDOW_S)
-        return floor_growth(times, values)
+    def _growth(self, key: tuple) -> float | None:
+        # The leak watch holds the same floors its alerts judge: the GROW column reads them too.
+        return self._watch.recent_growth(key, GROWTH_WINDOW_S)
 
     def _frame(self, snap: HostSnapshot) -> Frame:
         uses = self._uses_by_pid()
         rows: list[ProcessRow] = []
         for p in snap.processes:
-            rss_growth = self._growth(("rss", p.pid, p.create_time), snap.time)
+            rss_growth = self._growth(("rss", p.pid, p.create_time))
             common = dict(
                 pid=p.pid,
                 user=p.user,
@@ -309,7 +307,7 @@ class NodeSource:
                 rows.append(ProcessRow(gpu=None, gpu_memory_bytes=None, **common))
                 continue
             for u in sorted(mine, key=lambda u: u.device):
-                growth = self._growth(("gpu", p.pid, p.create_time, u.device), snap.time)
+                growth = self._growth(("gpu", p.pid, p.create_time, u.device))
                 rows.append(ProcessRow(gpu=u.device, gpu_memory_bytes=u.memory, gpu_growth_bytes_per_s=growth, **common))
         notices = self._notices(snap, uses)
         return Frame(

@@ -46,3 +46,58 @@ def test_one_formatting_binary_sizes_decimal_rates_and_durations():
     assert format_speed(2e6) == "2.0 MB/s" and format_speed(0.14e6) == "0.14 MB/s" and format_speed(120e6) == "120 MB/s"
     assert [format_duration(s) for s in (4.5, 42, 1020, 11520)] == ["4.5 s", "42 s", "17 min", "3.2 h"]
     assert format_duration(None) == "?" and format_duration(math.inf, na="never") == "never"
+
+
+def test_the_leak_watch_gives_the_grow_column_the_floor_growth_of_its_own_floors():
+    """GROW and the alerts read one set of floors: a sawtooth riding 1 MB/s reads 1 MB/s over the
+    last 30 s, a sawtooth on a flat floor reads ~0, and a series with too little data reads None."""
+    from gpuscope.core.leak import LeakWatch
+
+    mb = 1e6
+    watch = LeakWatch()
+    for i in range(240):  # 2 Hz for 120 s
+        t = 1000.0 + i / 2
+        saw = (i % 10) * 5 * mb  # a batch buffer filled and freed every 5 s
+        watch.add("leaking", t, 500 * mb + 1 * mb * (t - 1000.0) + saw)
+        watch.add("flat", t, 500 * mb + saw)
+    watch.add("new", 1000.0, 1 * mb)
+    assert watch.recent_growth("leaking", 30.0) == pytest.approx(1 * mb, rel=0.1)
+    assert abs(watch.recent_growth("flat", 30.0)) < 0.05 * mb
+    assert watch.recent_growth("new", 30.0) is None and watch.recent_growth("unknown", 30.0) is None
+
+
+def test_the_grow_column_is_the_leak_watch_s_reading():
+    """One estimator: the process table's GROW comes from the leak watch that raises the alerts."""
+    from gpuscope.core.leak import LeakWatch
+    from gpuscope.core.host import SeenProcess
+    from gpuscope.core.model import HostMemory, HostProcess, NvmlReading
+    from gpuscope.core.node import NodeSource
+
+    class Host:
+        def memory(self):
+            return HostMemory(64 * 2**30, 16 * 2**30, 48 * 2**30)
+
+        def scan(self):
+            return [SeenProcess(1000, 1.0, "python", "/usr/bin/python3", "svc", 100 * 2**20, 1.0)]
+
+        def complete(self, seen):
+            return [HostProcess(s.pid, s.create_time, s.user, s.name, "python svc.py", s.rss, s.cpu, True) for s in seen]
+
+    class Nvml:
+        def read(self):
+            return NvmlReading(status="no NVIDIA driver")
+
+        def close(self):
+            pass
+
+    class Allocator:
+        def read(self):
+            return ()
+
+    class Watch(LeakWatch):
+        def recent_growth(self, key, window_s):
+            return 123456.0 if key == ("rss", 1000, 1.0) and window_s == 30.0 else None
+
+    node = NodeSource(nvml=Nvml(), host=Host(), allocator=Allocator(), watch=Watch())
+    row = next(r for r in node.sample_once().processes if r.pid == 1000)
+    assert row.rss_growth_bytes_per_s == 123456.0
