@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Open the console over a recorded session: a snapshot, or a journal from "
         "~/.local/state/gpuscope/sessions. Space plays and pauses, [ and ] step, { and } jump a minute, "
-        "< and > change the speed, j jumps to a time."
+        "< and > change the speed, J jumps to a time."
     )
     parser.add_argument("file", metavar="FILE", help="the snapshot or journal")
 

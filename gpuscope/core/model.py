@@ -161,6 +161,7 @@ class Alert:
     time_to_full_s: float | None  # device memory only
     confidence: float
     reason: str
+    ended: bool = False  # its process has exited: kept a while, listed after the live ones
 
     def subject(self, processes: tuple[ProcessRow, ...]) -> int | None:
         """The process to diagnose: the alert's own, or for a filling GPU its fastest grower."""

@@ -242,9 +242,11 @@ class NodeSource:
         else:
             proc = next((p for p in snap.processes if p.pid == ident), None)
             what = "GPU memory" if kind == "gpu" else "RSS"
-            command = (proc.command[:48] + "…" if len(proc.command) > 48 else proc.command) if proc else "(exited)"
-            label, pid, index = f"PID {ident} {command} ({what})", ident, alert.key[3] if kind == "gpu" else None
-        return Alert(kind, pid, index, label, alert.growth_bytes_per_s, a.since, a.time_to_full_s, a.confidence, a.reason)
+            # Gone from the host: the console marks the alert `ended` ("(exited)"), the label need not.
+            command = (proc.command[:48] + "…" if len(proc.command) > 48 else proc.command) if proc else ""
+            label, pid, index = " ".join(filter(None, (f"PID {ident}", command, f"({what})"))), ident, alert.key[3] if kind == "gpu" else None
+        return Alert(kind, pid, index, label, alert.growth_bytes_per_s, a.since, a.time_to_full_s, a.confidence, a.reason,
+                     ended=alert.ended)
 
     def _emit_cached(self) -> None:
         if self._last is not None:

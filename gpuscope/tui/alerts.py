@@ -1,13 +1,22 @@
-"""The alert bar: what the leak detector calls a leak right now. Enter (or a click) on it opens
-the guided diagnosis on that process."""
+"""The alert bar: what the leak detector calls a leak right now, one alert at a time, with the key
+that diagnoses it (`w`); `A` lists them all. A click on the bar diagnoses its alert too.
+
+Alerts of processes that have exited stay a while (the core marks them `ended` and lists them
+after the live ones): they are shown dim and marked "(exited)".
+"""
 
 from __future__ import annotations
 
 import time
 
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Vertical
 from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Footer, OptionList, Static
+from textual.widgets.option_list import Option
 
 from gpuscope.core.model import Alert, Frame
 from gpuscope.core.printable import printable
@@ -15,28 +24,39 @@ from gpuscope.core.units import format_duration, format_rate
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 
+DIAGNOSE_HINT = "w: diagnose"
+
+
+def identity(alert: Alert) -> tuple:
+    """What stays the same about an alert from one frame to the next."""
+    return (alert.kind, alert.pid, alert.device)
+
 
 def describe(alert: Alert, palette: Palette = DEFAULT_PALETTE) -> Text:
     text = Text()
-    text.append("⚠ LEAK ", style=f"bold {palette.error}")
-    text.append(printable(alert.label), style="bold")
+    text.append("⚠ LEAK ", style=f"bold {palette.error}" if not alert.ended else "dim")
+    text.append(printable(alert.label), style="bold" if not alert.ended else "dim")
+    if alert.ended:
+        text.append(" (exited)", style="bold")
     text.append(f" {format_rate(alert.growth_bytes_per_s)} MB/s")
     if alert.since is not None:
         text.append(f" since {time.strftime('%H:%M:%S', time.localtime(alert.since))}")
-    if alert.time_to_full_s is not None:
+    if alert.time_to_full_s is not None and not alert.ended:
         text.append(f" · full in {format_duration(alert.time_to_full_s)}", style="bold")
     text.append(f" · {alert.confidence:.0%} sure")
+    if alert.ended:
+        text.stylize("dim")
     return text
 
 
-class AlertBar(TextLines, can_focus=True):
+class AlertBar(TextLines):
+    """Not focusable: `w` (an app key) diagnoses the alert shown here, wherever the focus is."""
+
     DEFAULT_CSS = """
     AlertBar { height: auto; padding: 0 1; background: $error 15%; }
-    AlertBar:focus { background: $error 35%; }
-    AlertBar:nocolor:focus { text-style: reverse; }
+    AlertBar.ended { background: $panel; }
     AlertBar.empty { display: none; }
     """
-    BINDINGS = [Binding("enter", "open", "Diagnose", show=False)]
 
     class Open(Message):
         """Diagnose the process behind this alert."""
@@ -50,7 +70,15 @@ class AlertBar(TextLines, can_focus=True):
         self.alerts: tuple[Alert, ...] = ()
         self.palette = DEFAULT_PALETTE
         self._frame: Frame | None = None
+        self._chosen: tuple | None = None  # the alert picked from the list, while it lasts
         self.add_class("empty")
+
+    @property
+    def shown(self) -> Alert | None:
+        """The alert in the bar: the one picked from the list while it lasts, else the first (live
+        ones come first)."""
+        picked = next((a for a in self.alerts if identity(a) == self._chosen), None)
+        return picked or (self.alerts[0] if self.alerts else None)
 
     def on_mount(self) -> None:
         follow_theme(self, self._use_palette)
@@ -60,21 +88,67 @@ class AlertBar(TextLines, can_focus=True):
         if self._frame is not None:
             self.show(self._frame)
 
+    def choose(self, alert: Alert) -> None:
+        """Show this alert in the bar (and so have `w` diagnose it)."""
+        self._chosen = identity(alert)
+        if self._frame is not None:
+            self.show(self._frame)
+
     def show(self, frame: Frame) -> None:
         self._frame = frame
         self.alerts = frame.alerts
-        self.set_class(not self.alerts, "empty")
-        if not self.alerts:
+        shown = self.shown
+        self.set_class(shown is None, "empty")
+        self.set_class(shown is not None and shown.ended, "ended")
+        if shown is None:
             self.set_text(Text(""))
             return
-        text = describe(self.alerts[0], self.palette)
-        more = len(self.alerts) - 1
-        text.append(f" · Enter/w: diagnose{f' · {more} more' if more else ''}", style="dim")
+        text = describe(shown, self.palette)
+        text.append(" · ")
+        text.append(DIAGNOSE_HINT, style="bold reverse")
+        if len(self.alerts) > 1:
+            text.append(f" · A: all {len(self.alerts)} alerts", style="bold")
         self.set_text(text)
 
-    def action_open(self) -> None:
-        if self.alerts:
-            self.post_message(self.Open(self.alerts[0]))
-
     def on_click(self) -> None:
-        self.action_open()
+        if self.shown is not None:
+            self.post_message(self.Open(self.shown))
+
+
+class AlertListScreen(ModalScreen[Alert | None]):
+    """`A`: every alert, live ones first; Enter diagnoses the one picked (and shows it in the bar)."""
+
+    DEFAULT_CSS = """
+    AlertListScreen { align: center middle; }
+    AlertListScreen > Vertical { width: 100; max-width: 100%; height: auto; max-height: 100%;
+                                 border: round $error; background: $surface; padding: 0 1; }
+    AlertListScreen OptionList { height: auto; max-height: 20; }
+    """
+    BINDINGS = [
+        Binding("escape,q", "dismiss(None)", "Close"),
+        Binding("j", "cursor(1)", "Down", show=False),
+        Binding("k", "cursor(-1)", "Up", show=False),
+    ]
+
+    def __init__(self, alerts: tuple[Alert, ...], palette: Palette = DEFAULT_PALETTE) -> None:
+        super().__init__()
+        self.alerts = alerts
+        self.palette = palette
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Text(f"{len(self.alerts)} alerts · ↑↓: pick · Enter: diagnose · Esc: close", style="bold"))
+            yield OptionList(*(Option(describe(a, self.palette), id=str(i)) for i, a in enumerate(self.alerts)),
+                             id="alert-list")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(OptionList).focus()
+
+    def action_cursor(self, delta: int) -> None:
+        options = self.query_one(OptionList)
+        at = options.highlighted if options.highlighted is not None else 0
+        options.highlighted = max(0, min(len(self.alerts) - 1, at + delta))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.alerts[event.option_index])

@@ -28,7 +28,7 @@ from rich.text import Text
 from textual.widgets import Footer, Input
 
 from gpuscope import __version__
-from gpuscope.core.model import Frame
+from gpuscope.core.model import Alert, Frame
 from gpuscope.core.printable import printable
 from gpuscope.core.settings import SloConfig
 from gpuscope.core.leak import LeakThresholds
@@ -39,9 +39,9 @@ from gpuscope.core.session.journal import Journal
 from gpuscope.core.session.live import LiveSession
 from gpuscope import theme_files
 from gpuscope.theme_files import DEFAULT_THEME, VARIABLE_DEFAULTS, ThemeSpec, load_themes
-from gpuscope.tui.alerts import AlertBar
+from gpuscope.tui.alerts import AlertBar, AlertListScreen
 from gpuscope.tui.chart import MemoryChart
-from gpuscope.tui.detail import ProcessPanel
+from gpuscope.tui.detail import CommandLineScreen, ProcessPanel
 from gpuscope.tui.devices import DevicesPanel
 from gpuscope.tui.help import HelpScreen
 from gpuscope.tui.messages import ExportFailed, FrameReady, ServingReady, SnapshotExported
@@ -87,24 +87,36 @@ class GpuScopeApp(App):
     CSS_PATH = "gpuscope.tcss"
     TITLE = "gpuscope"
     ENABLE_COMMAND_PALETTE = True
+    # Which process a key means, one rule (the help and the README say the same): `w` diagnoses the
+    # alert shown in the alert bar, else the selected row; every other key that names a process
+    # (Enter, d, S, a, i) means the selected row.
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        Binding("f10", "quit", "Quit", show=False),  # as in htop and mc
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in htop: Ctrl-C ends it
         Binding("question_mark", "help", "Help"),
+        Binding("f1", "help", "Help", show=False),
         Binding("slash", "filter", "Filter"),
+        Binding("j", "cursor(1)", "Down", show=False),  # as in vi, less, k9s
+        Binding("k", "cursor(-1)", "Up", show=False),
         # Sorting keys are in the help (?) and the palette; the footer keeps room for the actions.
         Binding("m", "sort('memory')", "Mem", show=False),
         Binding("g", "sort('growth')", "Growth", show=False),
         Binding("c", "sort('cpu')", "CPU", show=False),
         Binding("o", "sort('default')", "Order", show=False),
+        Binding("w", "wizard", "Diagnose"),
+        Binding("A", "alerts", "Alerts", show=False),
         Binding("d", "stacks", "Stacks"),
         Binding("S", "sample", "Sample", show=False),
         Binding("a", "allocations", "Alloc"),
-        Binding("w", "wizard", "Diagnose"),
+        Binding("i", "command_line", "Command line", show=False),
+        Binding("x", "detach", "Detach", show=False),
         Binding("t", "next_theme", "Theme", show=False),
         Binding("ctrl+z", "suspend_process", "Suspend", show=False),  # the terminal is raw: ^Z is a key
         Binding("e", "export", "Export"),
-        Binding("escape", "escape", "Detach", show=False),
+        # Esc backs out (the filter); it never detaches: pressed once more than needed after
+        # closing a screen, it must not throw the attached process away.
+        Binding("escape", "escape", "Back", show=False),
         # The replay's time cursor (only in a replay; see check_action).
         Binding("space", "replay_toggle", "Play/pause"),
         Binding("left_square_bracket", "replay_step(-1)", "Step back", show=False),
@@ -113,7 +125,7 @@ class GpuScopeApp(App):
         Binding("right_curly_bracket", "replay_jump(60)", "+1 min", show=False),
         Binding("less_than_sign", "replay_speed(-1)", "Slower", show=False),
         Binding("greater_than_sign", "replay_speed(1)", "Faster", show=False),
-        Binding("j", "replay_jump_to", "Jump", show=False),
+        Binding("J", "replay_jump_to", "Jump to a time", show=False),
     ]
     REPLAY_ACTIONS = ("replay_toggle", "replay_step", "replay_jump", "replay_speed", "replay_jump_to")
 
@@ -166,8 +178,11 @@ class GpuScopeApp(App):
         yield SystemCommand("Stacks of the selected process", "One py-spy dump of every thread", self.action_stacks)
         yield SystemCommand("Hot paths of the selected process", "py-spy samples for 5 s, aggregated", self.action_sample)
         yield SystemCommand("Allocation sites of the selected process", "Which code allocates memory that stays", self.action_allocations)
-        yield SystemCommand("Diagnose", "The seven-step diagnosis of the alert's (or the selected) process", self.action_wizard)
-        yield SystemCommand("Detach", "Stop following the attached process", partial(self.session.focus, None))
+        yield SystemCommand("Diagnose", "The seven-step diagnosis of the alert bar's (else the selected) process",
+                            self.action_wizard)
+        yield SystemCommand("All alerts", "List every memory alert; pick one to diagnose", self.action_alerts)
+        yield SystemCommand("Command line of the selected process", "The whole of it, wrapped", self.action_command_line)
+        yield SystemCommand("Detach", "Stop following the attached process", self.action_detach)
         if self.session.can_export:
             yield SystemCommand("Export a snapshot", "The session, or a part of it, in one file for replay and report",
                                 self.action_export)
@@ -182,6 +197,8 @@ class GpuScopeApp(App):
             yield SystemCommand("Replay: jump to a time", "+90, -5m, 14:05:30, start, end", self.action_replay_jump_to)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cursor":  # j/k move the table, not a table hidden behind another screen
+            return self.screen is self.screen_stack[0]
         if action in self.REPLAY_ACTIONS:
             return self.session.can_seek
         if action == "export":
@@ -293,21 +310,55 @@ class GpuScopeApp(App):
         self.push_screen(ConfirmAttach(pid, inject=self.session.can_inject), chosen)
 
     def action_wizard(self) -> None:
-        """The guided diagnosis: of the process behind the top alert if there is one, else the selected one."""
-        alerts = self.frame.alerts if self.frame else ()
-        if alerts and self.focused is self.query_one(AlertBar):
-            self.on_alert_bar_open(AlertBar.Open(alerts[0]))
+        """`w`: the guided diagnosis of the alert shown in the alert bar, else of the selected process."""
+        alert = self.query_one(AlertBar).shown
+        if alert is not None:
+            self._diagnose(alert)
             return
         pid = self._selected_pid()
         if pid is not None:
             self.push_screen(WizardScreen(pid))
 
     def on_alert_bar_open(self, message: AlertBar.Open) -> None:
-        pid = message.alert.subject(self.frame.processes if self.frame is not None else ())
+        self._diagnose(message.alert)
+
+    def _diagnose(self, alert: Alert) -> None:
+        pid = alert.subject(self.frame.processes if self.frame is not None else ())
         if pid is None:
             self.notify("no process on that GPU is growing", severity="warning")
             return
         self.push_screen(WizardScreen(pid))
+
+    def action_alerts(self) -> None:
+        """`A`: every alert; the one picked becomes the alert bar's and is diagnosed."""
+        bar = self.query_one(AlertBar)
+        if not bar.alerts:
+            self.notify("no memory alert now", timeout=3)
+            return
+
+        def picked(alert: Alert | None) -> None:
+            if alert is not None:
+                bar.choose(alert)
+                self._diagnose(alert)
+
+        self.push_screen(AlertListScreen(bar.alerts, bar.palette), picked)
+
+    def action_cursor(self, delta: int) -> None:
+        self.query_one(ProcessTable).action_move(delta)
+
+    def action_command_line(self) -> None:
+        """`i`: the selected process's whole command line (the table cuts it to its column)."""
+        row = self.query_one(ProcessTable).selected_row
+        if row is None:
+            self.notify("select a process first", severity="warning")
+            return
+        self.push_screen(CommandLineScreen(row))
+
+    def action_detach(self) -> None:
+        if self.frame is not None and self.frame.focus is not None:
+            self.session.focus(None)
+        else:
+            self.notify("no process attached (Enter attaches the selected one)", timeout=3)
 
     def _attach_selected(self) -> None:
         row = self.query_one(ProcessTable).selected_row
@@ -517,4 +568,4 @@ class GpuScopeApp(App):
         elif self.query_one(ProcessTable).filter_text:
             self._close_filter(keep=False)
         elif self.frame is not None and self.frame.focus is not None:
-            self.session.focus(None)
+            self.notify(f"x detaches from PID {self.frame.focus.pid}", timeout=3)

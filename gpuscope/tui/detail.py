@@ -1,8 +1,12 @@
-"""The panel about the attached (focused) process."""
+"""The panel about the attached (focused) process, and the whole command line of a process (`i`)."""
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
 
 from gpuscope.core.model import Frame, ProcessRow, TorchMemory
 from gpuscope.core.printable import printable
@@ -41,6 +45,7 @@ class ProcessPanel(TextLines):
                 text.append("  ✖ exited", style=f"bold {self.palette.error}")
             elif d.status:
                 text.append(f"  {printable(d.status)}")
+            text.append("  x: detach", style="dim")
             text.append("\n")
             # One line each: a newline in someone's folder name must not forge the next line.
             text.append(f"user    {printable(d.user or '?')}\n")
@@ -77,3 +82,26 @@ def _memory_lines(rows: list[ProcessRow]) -> Text:
         if r.gpu is not None:
             text.append(f"GPU{r.gpu}    {format_bytes(r.gpu_memory_bytes)}  {format_rate(r.gpu_growth_bytes_per_s)} MB/s\n")
     return text
+
+
+class CommandLineScreen(ModalScreen[None]):
+    """`i`: a process's whole command line, wrapped (secrets were redacted before it got here)."""
+
+    DEFAULT_CSS = """
+    CommandLineScreen { align: center middle; }
+    CommandLineScreen > VerticalScroll { width: 100; max-width: 100%; height: auto; max-height: 100%;
+                                         padding: 0 1; border: round $primary; background: $surface; }
+    """
+    BINDINGS = [Binding("escape,q,i,enter", "dismiss", "Close")]
+
+    def __init__(self, row: ProcessRow) -> None:
+        super().__init__()
+        self.row = row
+
+    def compose(self) -> ComposeResult:
+        r = self.row
+        text = Text.assemble((f"PID {r.pid}", "bold"), f"  user {printable(r.user or '?')}\n\n")
+        text.append(printable(r.command) or "(no command line)")
+        text.append("\n\nEsc: close", style="dim")
+        with VerticalScroll():
+            yield TextLines(text, id="command-line")

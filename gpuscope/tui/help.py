@@ -11,22 +11,34 @@ from textual.widgets import Static
 HELP = """\
 [b]gpuscope — keys[/b]
 
-  ↑ ↓ PgUp PgDn   move in the table (charts the selected process)
+  w is for the alert shown in the alert bar (else the selected row);
+  every other key that names a process means the selected row.
+
+  ↑ ↓ j k         move in the table (charts the selected process)
+  PgUp PgDn       a page up, down · Home End  the first, the last row
   Enter           attach to the selected process (details + chart)
-  Esc             detach / close this help / clear the filter
+  x               detach (Esc never does)
+  w               diagnose the alert bar's process, else the selected one
+                  (↑ ↓ j k steps, y find the code, r re-run, e export, Esc back)
+  A               all alerts: pick one to diagnose (it stays in the bar)
   /               filter processes by command, user or PID
   m  g  c         sort by memory, growth, CPU
   o               back to the default order (GPU processes first)
   d               stacks of the selected process (py-spy dump)
   S               hot paths: py-spy samples for 5 s, aggregated
-  a               allocation sites: the code whose memory stays
-  w               diagnose: the alert's process, or the selected one
-                  (↑ ↓ steps, r re-run, a sites, Enter stacks, e export)
+  a               allocation sites: the code whose memory stays (asks first)
+  i               the selected process's whole command line
   e               export the session as one snapshot file (replay, report)
   t               next colour theme (remembered; all of them in Ctrl+P)
-  replay:         space play/pause · [ ] step · { } ±1 min · < > speed · j jump
-  ?               this help
-  q               quit
+  Esc             close this help, a screen, the filter
+  Tab             move the focus (the table, an open filter box)
+  Ctrl+P          every action by name · Ctrl+Z suspend (fg resumes)
+  replay:         space play/pause · [ ] step · { } ±1 min · < > speed · J jump to a time
+  ? F1            this help
+  q F10 Ctrl+C    quit
+
+Mouse (optional): a click selects a row, a double click attaches,
+a click on the alert bar diagnoses its alert.
 
 GROW MB/s is the growth of the memory floor over the last 30 s:
 GPU memory on GPU rows, host RSS on the others. ▲ marks growth.
@@ -40,7 +52,7 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen > VerticalScroll { width: 76; max-width: 100%; height: auto; max-height: 100%; padding: 0 1; border: round $primary; background: $surface; }
     """
     BINDINGS = [
-        Binding("escape,q,question_mark", "dismiss", "Close"),
+        Binding("escape,q,question_mark,f1", "dismiss", "Close"),
     ]
 
     def compose(self) -> ComposeResult:

@@ -294,18 +294,28 @@ class ConfirmAttach(ModalScreen[str | None]):
         Binding("escape,n", "choose(None)", "Cancel"),
     ]
 
-    def __init__(self, pid: int, *, inject: bool = True) -> None:
-        """`inject`: whether the session may run code inside a process (else sampling only)."""
+    def __init__(self, pid: int, *, inject: bool = True, probe: bool | None = None) -> None:
+        """`inject`: whether the session may run code inside a process (else sampling only);
+        `probe`: whether the process has gpuscope's probe (memray then runs through it, no gdb)."""
         super().__init__()
         self.pid = pid
         self.inject = inject
+        self.probe = probe
 
     def compose(self) -> ComposeResult:
+        if self.probe:
+            how = ("the service has gpuscope's probe: memray runs inside it through the probe, "
+                   "nothing is injected, and it stops as soon as gpuscope goes away")
+        elif self.probe is None:
+            how = ("through the service's gpuscope probe if it has one; else with memray attach, which "
+                   "injects through gdb before Python 3.14 (tried first on a throwaway process: "
+                   "refused if that is harmed)")
+        else:
+            how = ("with memray attach, which injects through gdb before Python 3.14 (tried first on a "
+                   "throwaway process: refused if that is harmed)")
         memray = (
-            "memray tracks allocations from inside the process: attaching it runs code in the service "
-            "(through gdb before Python 3.14). gpuscope first tries the same on a throwaway process and "
-            f"refuses if that is harmed. {allocations.TRACKING_COST}.\n\n"
-            "  y  attach memray for 10 s, fall back to stack sampling\n"
+            f"memray tracks allocations from inside the process, {how}. {allocations.TRACKING_COST}.\n\n"
+            "  y  track with memray for 10 s, fall back to stack sampling\n"
         ) if self.inject else ""
         with Vertical():
             yield Static(

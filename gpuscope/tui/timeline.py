@@ -17,7 +17,7 @@ from textual.widgets import Input
 from gpuscope.core.model import ReplayPosition
 from gpuscope.tui.textlines import TextLines
 
-KEYS = "space play/pause · [ ] step · { } ±1 min · < > speed · j jump"
+KEYS = "space play/pause · [ ] step · { } ±1 min · < > speed · J jump"
 
 
 def clock(t: float) -> str:
@@ -76,7 +76,7 @@ class Timeline(TextLines):
 
 
 class JumpScreen(ModalScreen[str | None]):
-    """`j` in a replay: where to jump ("+90", "-5m", "14:05:30", "start", "end")."""
+    """`J` in a replay: where to jump ("+90", "-5m", "14:05:30", "start", "end")."""
 
     DEFAULT_CSS = """
     JumpScreen { align: center middle; }

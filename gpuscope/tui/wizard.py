@@ -3,11 +3,12 @@
 Steps 1–6 are computed at once from what the session has already recorded of the process (its
 memory, its GPU, the other processes, the service's signals), so a console that has watched for
 an hour diagnoses over that hour. Step 7 uses the most informative allocation sites the session
-has found for the process (so reopening the wizard keeps a culprit found earlier); `a` looks
-again (asking before memray is attached), with progress, and Esc cancels without leaving
-anything attached. In a replay the session's recorded diagnosis is shown, and nothing is attached.
+has found for the process (so reopening the wizard keeps a culprit found earlier); `y` looks for
+them (memray, the cost said on screen before the key), `a` asks first which way to look, with
+elapsed and remaining seconds shown while it runs, and Esc cancels without leaving anything
+attached. In a replay the session's recorded diagnosis is shown, and nothing is attached.
 `r` re-runs (from the latest data; on step 7 it looks again), `e` exports, Enter on step 7 shows
-the stacks behind the suspects.
+the stacks behind the suspects. The line above the footer always says how to move and what runs next.
 """
 
 from __future__ import annotations
@@ -22,16 +23,17 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList
 from textual.widgets.option_list import Option
 
-from gpuscope.core import allocations
+from gpuscope.core import allocations, probe_client
 from gpuscope.core.atomic import private_folder, write_private
 from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step
 from gpuscope.core.printable import printable
 from gpuscope.folders import exports_dir
-from gpuscope.tui.messages import CodePathRead, WorkProgress
+from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
 
@@ -46,14 +48,17 @@ class WizardScreen(Screen[None]):
     WizardScreen #wizard-title { height: auto; background: $panel; padding: 0 1; }
     WizardScreen #steps { width: 34; height: 1fr; }
     WizardScreen #step { width: 1fr; height: 1fr; padding: 0 1; overflow-y: auto; }
+    WizardScreen #wizard-keys { height: auto; background: $panel; padding: 0 1; }
+    WizardScreen.narrow #steps { width: 26; }
     """
     BINDINGS = [
-        Binding("escape", "close", "Close / cancel"),
+        Binding("escape", "close", "Back / cancel"),
+        Binding("y", "find", "Find the code"),
         Binding("r", "rerun", "Re-run"),
-        Binding("a", "allocations", "Alloc sites"),
+        Binding("a", "allocations", "Look again…", show=False),
         Binding("e", "export", "Export"),
-        Binding("left,p", "step(-1)", "Prev", show=False),
-        Binding("right,n", "step(1)", "Next", show=False),
+        Binding("left,p,k", "step(-1)", "Prev", show=False),
+        Binding("right,n,j", "step(1)", "Next", show=False),
     ]
 
     def __init__(self, pid: int) -> None:
@@ -64,17 +69,78 @@ class WizardScreen(Screen[None]):
         self.working = threading.Event()  # the allocation-site search is running
         self.cancel = threading.Event()
         self._status = ""
+        self._probe: bool | None = None  # whether the process has gpuscope's probe (None: not known yet)
+        self._search: tuple[str, float] | None = None  # the search's rung and when it began
 
     def compose(self) -> ComposeResult:
         yield TextLines(f"Diagnosis of PID {self.pid}", id="wizard-title")
         with Horizontal():
             yield OptionList(id="steps")
             yield TextLines("", id="step")
+        yield TextLines("", id="wizard-keys")
         yield Footer()
 
     def on_mount(self) -> None:
+        self.set_class(self.app.size.width < 100, "narrow")
         self.compute()
         self.query_one("#steps", OptionList).focus()
+        if self.app.session.can_attach:
+            self.find_probe()
+        self.set_interval(1.0, self._tick)
+
+    @work(thread=True, exclusive=True, group="wizard-probe", exit_on_error=False)
+    def find_probe(self) -> None:
+        # Off the UI thread: looking for the socket reads another user's folders.
+        try:
+            found = probe_client.probe_path(self.pid) is not None
+        except Exception:  # whatever the folders hold, the wizard carries on without knowing
+            found = False
+        self.post_message(ProbeFound(found))
+
+    def on_probe_found(self, message: "ProbeFound") -> None:
+        self._probe = message.found
+        self._show_keys()
+        if self.diagnosis is not None:
+            self.render_steps()
+
+    # -- what runs next, said where the operator looks ---------------------------------------------
+
+    def _search_offer(self) -> str | None:
+        """What `y` does here, with its cost, or None where nothing may be attached (a replay)."""
+        if not self.app.session.can_attach:
+            return None
+        seconds = f"{ATTRIBUTION_S:g} s"
+        if not self.app.session.can_inject:
+            return f"y: find where the process was while memory grew (stack sampling, about {seconds})"
+        way = "inside the service through its gpuscope probe" if self._probe else "memray attach"
+        return f"y: find the code that keeps memory (memray {way}, about {seconds})"
+
+    def _looked(self) -> bool:
+        return self.evidence is not None and self.evidence.attribution is not None
+
+    def _show_keys(self) -> None:
+        parts = ["↑↓ j k: steps"]
+        if self._search is not None:
+            parts.append("Esc: cancel the search")
+        else:
+            offer = self._search_offer()
+            if offer is not None:
+                parts.append(offer.replace("y: find", "y: look again for", 1) if self._looked() else offer)
+            if self._looked():
+                parts.append("Enter on 7: its stacks")
+            parts.append("Esc: back")
+        self.query_one("#wizard-keys", TextLines).set_text(Text(" · ".join(parts), style="bold"))
+
+    def _progress_line(self) -> str:
+        rung, started = self._search or ("", time.monotonic())
+        elapsed = time.monotonic() - started
+        left = max(0.0, ATTRIBUTION_S - elapsed)
+        return f"step 7: {rung} running · {elapsed:.0f} s, about {left:.0f} s left (Esc cancels)"
+
+    def _tick(self) -> None:
+        # memray reports nothing until it stops: the clock says the search is alive meanwhile.
+        if self._search is not None:
+            self.status(self._progress_line())
 
     # -- evidence and steps ----------------------------------------------------------------------
 
@@ -103,6 +169,7 @@ class WizardScreen(Screen[None]):
             steps.add_option(Option(label, id=str(step.number)))
         steps.highlighted = highlighted
         self._show_title()
+        self._show_keys()
         self.show_step(d.steps[highlighted])
 
     @staticmethod
@@ -135,21 +202,49 @@ class WizardScreen(Screen[None]):
 
     def show_step(self, step: Step) -> None:
         mark, style = MARK.get(step.status, UNKNOWN_MARK)
-        text = Text.assemble((f"{step.number}. {printable(step.title)}", "bold"), "  ", (f"{mark} {step.status}", style), "\n\n")
-        text.append(printable(step.finding) + "\n")
+        searching = step.number == 7 and self._search is not None
+        if searching:
+            mark, style = "…", "bold"
+        status = "running" if searching else step.status
+        if step.number == 7 and not searching and not self._looked():
+            status = "not looked for yet"
+        text = Text.assemble((f"{step.number}. {printable(step.title)}", "bold"), "  ", (f"{mark} {status}", style), "\n\n")
+        if step.number == 7 and not self._looked():
+            text.append_text(self._not_looked_yet())
+        else:
+            text.append(printable(step.finding) + "\n")
         serving = self.evidence.serving_end if self.evidence else None
         if step.number == 3 and serving is not None and serving.p99_jump is not None:
             text.append(serving.p99_jump.describe() + "\n", style="bold yellow")  # the snapshot's finding
         if step.next:
             text.append("\nnext: ", style="bold")
             text.append(printable(step.next) + "\n")
-        if step.number == 7:
-            text.append("\na: look for the allocation sites again · Enter: the stacks behind the suspects\n", style="dim")
+        if step.number == 7 and self._looked() and not searching:
+            found = bool(self.evidence and self.evidence.attribution and self.evidence.attribution.suspects)
+            again = "a: look again (asks how) · "
+            text.append(f"\n{again}Enter: the stacks behind the suspects\n" if found else f"\n{again}Enter: how each way fared\n",
+                        style="dim")
         evidence = {k: v for k, v in step.evidence.items() if k not in ("stacks",)}
         if evidence:
             text.append("\nevidence\n", style="bold")
             text.append(json.dumps(evidence, indent=1, default=str)[:4000], style="dim")
         self.query_one("#step", TextLines).set_text(text)
+
+    def _not_looked_yet(self) -> Text:
+        text = Text()
+        if self._search is not None:
+            text.append(self._progress_line() + "\n", style="bold")
+            return text
+        text.append("Which code allocates the memory that stays: not looked for yet.\n")
+        offer = self._search_offer()
+        if offer is not None:
+            text.append(f"\n{offer}\n", style="bold")
+            if self.app.session.can_inject:
+                text.append(f"{allocations.TRACKING_COST}.\na: other ways (stack sampling only, nothing runs inside)\n",
+                            style="dim")
+        else:
+            text.append("This recording holds no allocation sites of this process.\n", style="dim")
+        return text
 
     # -- actions ----------------------------------------------------------------------------------
 
@@ -165,34 +260,51 @@ class WizardScreen(Screen[None]):
             self.compute()
             self.app.notify("re-ran from the latest data")
 
-    def action_allocations(self) -> None:
-        if self.working.is_set():
+    def action_find(self) -> None:
+        """`y`: look for the allocation sites the way the screen offers (its cost is on screen)."""
+        if self._refuse_search():
             return
-        if not self.app.session.can_attach:
-            self.app.notify("a replay shows the allocation sites that were recorded; nothing is attached", severity="warning")
+        self._start_search(self.app.session.can_inject)
+
+    def action_allocations(self) -> None:
+        """`a`: ask first how to look (memray, or stack sampling only)."""
+        if self._refuse_search():
             return
 
         def chosen(choice: str | None) -> None:
             if choice is not None:
-                self.cancel.clear()
-                self.working.set()
-                self.query_one("#steps", OptionList).highlighted = 6
-                self.render_steps()
-                self.look_for_allocations(choice == "memray")
+                self._start_search(choice == "memray")
 
-        self.app.push_screen(ConfirmAttach(self.pid, inject=self.app.session.can_inject), chosen)
+        self.app.push_screen(ConfirmAttach(self.pid, inject=self.app.session.can_inject, probe=self._probe), chosen)
+
+    def _refuse_search(self) -> bool:
+        if self.working.is_set():
+            return True
+        if not self.app.session.can_attach:
+            self.app.notify("a replay shows the allocation sites that were recorded; nothing is attached", severity="warning")
+            return True
+        return False
+
+    def _start_search(self, use_memray: bool) -> None:
+        self.cancel.clear()
+        self.working.set()
+        self._search = ("memray" if use_memray else "stack sampling", time.monotonic())
+        self.query_one("#steps", OptionList).highlighted = 6
+        self.status(self._progress_line())
+        self.render_steps()
+        self.look_for_allocations(use_memray)
 
     @work(thread=True, exclusive=True, group="wizard", exit_on_error=False)
     def look_for_allocations(self, use_memray: bool) -> None:
-        started = time.monotonic()
-
         def progress(rung: str, fraction: float) -> None:
-            line = f"step 7: {rung} {fraction * 100:.0f}% · {time.monotonic() - started:.0f} s (Esc cancels)"
-            self.post_message(WorkProgress(fraction, line))
+            self.post_message(WorkProgress(fraction, rung))
 
         try:
             result = allocations.attribute(self.pid, ATTRIBUTION_S, use_memray=use_memray,
                                            cancelled=self.cancel.is_set, progress=progress)
+        except Exception as exc:  # a surprise in the ladder: said on screen, never "running" forever
+            self.post_message(WorkFailed(f"{type(exc).__name__}: {exc}"))
+            return
         finally:
             self.working.clear()
         if not self.cancel.is_set():
@@ -200,15 +312,28 @@ class WizardScreen(Screen[None]):
             self.post_message(CodePathRead(result))
 
     def on_work_progress(self, message: WorkProgress) -> None:
-        if message.line is not None:
-            self.status(message.line)
+        if self._search is not None and message.line is not None:
+            rung = message.line.replace("-", " ")
+            if rung != self._search[0]:  # the next rung: its own clock
+                self._search = (rung, time.monotonic())
+            self.status(self._progress_line())
+            if self.query_one("#steps", OptionList).highlighted == 6 and self.diagnosis is not None:
+                self.show_step(self.diagnosis.steps[6])
+
+    def on_work_failed(self, message: WorkFailed) -> None:
+        self._search = None
+        self.status(f"step 7 failed: {message.reason}")
+        self.render_steps()
 
     def on_code_path_read(self, message: CodePathRead) -> None:
         self._status = ""
+        self._search = None
         self.compute(attribution=message.value)
 
     def action_stacks(self) -> None:
         att = self.evidence.attribution if self.evidence else None
+        if self._search is not None:
+            return
         if self.query_one("#steps", OptionList).highlighted == 6 and att is not None:
             self.app.push_screen(AttributionScreen(att))
 
@@ -230,3 +355,11 @@ class WizardScreen(Screen[None]):
 
     def on_unmount(self) -> None:
         self.cancel.set()
+
+
+class ProbeFound(Message):
+    """Whether the process has gpuscope's probe (found off the UI thread)."""
+
+    def __init__(self, found: bool) -> None:
+        super().__init__()
+        self.found = found

@@ -112,7 +112,7 @@ def test_live_session_to_snapshot_to_replay_to_report_without_secrets(tmux_sessi
     # The replay: paused at the end of the snapshot, the same row with the same numbers.
     replay = tmux_session([*gpuscope_cmd(), "replay", str(snapshot)], env={"TERM": "xterm-256color"})
     wait_until(lambda: "replay" in replay.screen(), timeout=60, what="the replay")
-    replay.keys("j")
+    replay.keys("J")
     wait_until(lambda: "jump to" in replay.screen(), timeout=10, what="the jump box")
     replay.keys("end", "Enter")  # "end" typed as text, then Enter
     wait_until(lambda: "⏸ paused" in replay.screen(), timeout=30, what="the replay to stop at the end")

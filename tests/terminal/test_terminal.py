@@ -91,29 +91,3 @@ def test_demo_console_stops_everything_it_started(tmux_session, ending):
 
     watched = [psutil.Process(pane_pid), *children]
     wait_until(lambda: not any(running(p) for p in watched), timeout=30, interval=0.2, what="everything the demo started to end")
-
-
-def test_from_the_alert_to_the_suspect_with_keys_alone(tmux_session):
-    tmux = tmux_session(gpuscope_cmd() + ["demo"], env={"TERM": "xterm-256color"})
-    wait_until(lambda: "⚠ LEAK PID" in tmux.screen(), timeout=90, interval=0.5, what="the leak alert")
-    tmux.keys("Tab")  # from the process table to the alert bar
-    tmux.keys("Enter")
-    wait_until(lambda: "Diagnosis of PID" in tmux.screen() and "leak (steady-growth)" in tmux.screen(),
-               timeout=30, what="the wizard, with its verdict")
-    tmux.keys("End")
-    wait_until(lambda: "7. Code path" in tmux.screen(), timeout=10, what="step 7")
-    tmux.keys("a")
-    wait_until(lambda: "attach memray" in tmux.screen(), timeout=10, what="the question before memray")
-    tmux.keys("y")
-    wait_until(lambda: "First suspect: _remember" in tmux.screen(), timeout=90, interval=0.5, what="the suspect")
-    assert "memray" in tmux.screen()  # found by allocation tracking, not guessed from stacks
-    tmux.keys("Enter")
-    wait_until(lambda: "Allocation sites of PID" in tmux.screen() and "search" in tmux.screen(),
-               timeout=20, what="the stacks behind the suspect (memray names the function search)")
-    # One key at a time: ESC followed at once by another key reads as Alt+key.
-    tmux.keys("Escape")
-    wait_until(lambda: "Allocation sites of PID" not in tmux.screen(), timeout=10, what="the stacks to close")
-    tmux.keys("Escape")
-    wait_until(lambda: "Diagnosis of PID" not in tmux.screen(), timeout=10, what="the wizard to close")
-    tmux.keys("q")
-    wait_until(tmux.dead, timeout=30, what="gpuscope to exit")

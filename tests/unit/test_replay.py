@@ -174,13 +174,13 @@ async def test_the_console_over_a_replay(tmp_path, monkeypatch):
         await pilot.press("escape")
         await pilot.pause(0.1)
         # The jump box: to the end.
-        await pilot.press("j")
+        await pilot.press("J")
         await pilot.pause(0.1)
         await pilot.press(*"end", "enter")
         await pilot.pause(0.2)
         assert app.frame.replay.index == len(frames) - 1
         # A snapshot of the recording up to the cursor, from the replay itself.
-        await pilot.press("j", *"-30", "enter")
+        await pilot.press("J", *"-30", "enter")
         await pilot.pause(0.2)
         cursor = app.frame.time
         await pilot.press("e", "c")

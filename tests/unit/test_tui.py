@@ -128,7 +128,7 @@ async def test_filter_by_command_user_or_pid_and_escape_clears_it():
         assert len(table_pids(app)) == 5
 
 
-async def test_moving_selects_and_enter_attaches_escape_detaches():
+async def test_moving_selects_and_enter_attaches_x_detaches():
     source = FakeSource(frame())
     app = GpuScopeApp(source)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -137,7 +137,7 @@ async def test_moving_selects_and_enter_attaches_escape_detaches():
         assert source.selected[-1] == 5100
         await pilot.press("enter")
         assert source.focused == [5100]
-        await pilot.press("escape")
+        await pilot.press("x")
         assert source.focused == [5100, None]
 
 

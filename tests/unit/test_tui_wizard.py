@@ -51,10 +51,13 @@ async def test_the_alert_bar_opens_the_wizard_on_its_process():
         await pilot.pause()
         bar = app.query_one(AlertBar)
         assert "⚠ LEAK PID 4243 python rag_worker.py (RSS) +6.40 MB/s" in bar.text.plain
-        bar.focus()
-        await pilot.press("enter")
+        assert "w: diagnose" in bar.text.plain
+        await pilot.press("w")  # the alert's process, though the table's cursor is on 4242
         assert isinstance(app.screen, WizardScreen) and app.screen.pid == 4243
-        assert source.evidence_asked == [4243]
+        await pilot.press("escape")
+        await pilot.click(AlertBar)
+        assert isinstance(app.screen, WizardScreen) and app.screen.pid == 4243
+        assert source.evidence_asked == [4243, 4243]
 
 
 async def test_steps_navigation_and_the_verdict():

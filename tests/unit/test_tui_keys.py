@@ -1,0 +1,204 @@
+"""The operator's keys (Pilot): which process a key means, the alert list, exited alerts, the keys
+users of htop, vi and k9s reach for, and from an alert to the culprit in two keys."""
+
+import time
+
+import pytest
+from textual.widgets import OptionList, Static
+
+from gpuscope.core.attribution import Attribution, Rung
+from gpuscope.core.model import Alert
+from gpuscope.core.stacks import OWN, StackFrame, Suspect
+from gpuscope.tui.alerts import AlertBar, AlertListScreen
+from gpuscope.tui.app import GpuScopeApp
+from gpuscope.tui.detail import CommandLineScreen
+from gpuscope.tui.help import HelpScreen
+from gpuscope.tui.processes import ProcessTable
+from gpuscope.tui.stacks import ConfirmAttach
+from gpuscope.tui.textlines import TextLines
+from gpuscope.tui.wizard import WizardScreen
+
+from frames import FakeSource, frame
+
+NOW = time.time()
+LIVE = Alert("rss", 4243, None, "PID 4243 python rag_worker.py (RSS)", 6.4e6, NOW - 60, None, 0.8, "floor rose")
+EXITED = Alert("gpu", 5100, 1, "PID 5100 (GPU memory)", 9.9e6, NOW - 90, None, 0.9, "floor rose", ended=True)
+CULPRIT = Attribution(
+    pid=4243,
+    suspects=(Suspect("_remember", "/srv/retriever.py", 88, 120_000_000, 0.91, "memray",
+                      stack=(StackFrame("_remember", "/srv/retriever.py", 88, OWN),)),),
+    rungs=(Rung("memray", "used", "1 site"),),
+    method="memray",
+    confidence="high",
+)
+
+
+def screen_text(app) -> str:
+    """What the screen shows, as plain text (every TextLines and Static of the active screen)."""
+    parts = [w.text.plain for w in app.screen.query(TextLines)]
+    parts += [str(w.render()) for w in app.screen.query(Static)]
+    return "\n".join(parts)
+
+
+async def wait_for(pilot, condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await pilot.pause(0.05)
+
+
+async def test_the_live_alert_leads_and_the_exited_one_is_marked():
+    # The core lists live alerts first; the exited one grows faster yet never leads.
+    app = GpuScopeApp(FakeSource(frame(alerts=(LIVE, EXITED))))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        bar = app.query_one(AlertBar).text.plain
+        assert bar.startswith("⚠ LEAK PID 4243") and "(exited)" not in bar
+        assert "A: all 2 alerts" in bar
+        await pilot.press("A")
+        assert isinstance(app.screen, AlertListScreen)
+        listed = app.screen.query_one(OptionList)
+        first, second = (listed.get_option_at_index(i).prompt.plain for i in range(2))
+        assert "PID 4243" in first and "(exited)" not in first
+        assert "PID 5100 (GPU memory) (exited)" in second
+
+
+async def test_an_exited_alert_alone_is_shown_dim_and_marked():
+    app = GpuScopeApp(FakeSource(frame(alerts=(EXITED,))))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        bar = app.query_one(AlertBar)
+        assert "PID 5100 (GPU memory) (exited)" in bar.text.plain and bar.has_class("ended")
+        assert all(span.style == "dim" or "dim" in str(span.style) for span in bar.text.spans if span.end <= 20)
+
+
+async def test_the_alert_list_picks_the_alert_w_diagnoses():
+    app = GpuScopeApp(FakeSource(frame(alerts=(LIVE, EXITED))))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("A", "j", "enter")  # the second alert
+        assert isinstance(app.screen, WizardScreen) and app.screen.pid == 5100
+        await pilot.press("escape")
+        assert "PID 5100" in app.query_one(AlertBar).text.plain  # it stays the bar's alert
+        await pilot.press("w")
+        assert isinstance(app.screen, WizardScreen) and app.screen.pid == 5100
+
+
+async def test_w_means_the_alert_bar_else_the_selected_row_and_d_the_selected_row(monkeypatch):
+    pushed = []
+    app = GpuScopeApp(FakeSource(frame(alerts=(LIVE,))))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.query_one(ProcessTable).selected_row.pid == 4242
+        await pilot.press("w")
+        assert app.screen.pid == 4243  # the alert's, not the selected row's
+        await pilot.press("escape")
+        monkeypatch.setattr(app, "push_screen", lambda screen, *a, **k: pushed.append(screen))
+        await pilot.press("d", "a")
+        assert [s.pid for s in pushed] == [4242, 4242]
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("j", "w")  # no alert: the selected row
+        assert app.screen.pid == 4243
+
+
+async def test_j_and_k_move_the_table():
+    source = FakeSource(frame())
+    app = GpuScopeApp(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        table = app.query_one(ProcessTable)
+        await pilot.press("j", "j")
+        assert table.selected_row.pid == 5100 and source.selected[-1] == 5100
+        await pilot.press("k")
+        assert table.selected_row.pid == 4243
+
+
+async def test_f1_helps_and_f10_quits():
+    source = FakeSource(frame())
+    app = GpuScopeApp(source)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("f1")
+        assert not isinstance(app.screen, HelpScreen) and app.is_running
+        await pilot.press("f10")
+    assert source.stopped and app.return_code == 0
+
+
+async def test_esc_pressed_once_too_often_never_detaches():
+    source = FakeSource(frame(alerts=(LIVE,)))  # attached to 4242
+    app = GpuScopeApp(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("w")
+        assert isinstance(app.screen, WizardScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, WizardScreen)
+        assert source.focused == []  # still attached
+        await pilot.press("x")
+        assert source.focused == [None]
+
+
+async def test_i_shows_the_whole_command_line():
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("i")
+        assert isinstance(app.screen, CommandLineScreen)
+        shown = app.screen.query_one("#command-line", TextLines).text.plain
+        assert app.query_one(ProcessTable).selected_row.command in shown
+        await pilot.press("escape")
+        assert not isinstance(app.screen, CommandLineScreen)
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypatch, size):
+    asked = []
+
+    def attribute(pid, duration, *, use_memray, cancelled, progress):
+        asked.append((pid, use_memray))
+        progress("memray", 0.0)
+        deadline = time.monotonic() + 1.5  # long enough for the clock to tick on screen
+        while time.monotonic() < deadline and not cancelled():
+            time.sleep(0.02)
+        return CULPRIT
+
+    monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
+    app = GpuScopeApp(FakeSource(frame(alerts=(LIVE,))))
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        bar = app.query_one(AlertBar)
+        assert "w: diagnose" in "".join(bar.lines)  # the first key, where the operator looks
+        await pilot.press("w")
+        wizard = app.screen
+        assert isinstance(wizard, WizardScreen) and wizard.pid == 4243
+        keys = "".join(wizard.query_one("#wizard-keys", TextLines).lines)
+        assert "j k: steps" in keys and "y: find the code that keeps memory (memray" in keys  # the second
+        await pilot.press("y")
+        await wait_for(pilot, lambda: "memray running · 1 s" in screen_text(app))  # alive, with its clock
+        assert "s left" in screen_text(app)
+        await wait_for(pilot, lambda: "First suspect: _remember (/srv/retriever.py:88)" in screen_text(app))
+        assert asked == [(4243, True)]
+        assert not isinstance(app.screen, ConfirmAttach)
+
+
+async def test_the_confirmation_speaks_of_gdb_only_without_the_probe():
+    app = GpuScopeApp(FakeSource(frame()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        app.push_screen(ConfirmAttach(4242, probe=True))
+        await pilot.pause()
+        with_probe = screen_text(app)
+        assert "through the probe" in with_probe and "gdb" not in with_probe
+        app.pop_screen()
+        app.push_screen(ConfirmAttach(4242, probe=False))
+        await pilot.pause()
+        assert "gdb" in screen_text(app)
