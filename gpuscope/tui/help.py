@@ -22,6 +22,7 @@ HELP = """\
   a               allocation sites: the code whose memory stays
   w               diagnose: the alert's process, or the selected one
                   (↑ ↓ steps, r re-run, a sites, Enter stacks, e export)
+  f               fleet (--prometheus): all nodes' processes; Enter attaches there
   e               export the session as one snapshot file (replay, report)
   t               next colour theme (remembered; all of them in Ctrl+P)
   replay:         space play/pause · [ ] step · { } ±1 min · < > speed · j jump
