@@ -43,7 +43,7 @@ LABEL_CHARS = 120
 COMMAND_CHARS = 80
 MIN_REFRESH_S = 1.0
 MAX_REFRESH_S = 60.0
-DEFAULT_REFRESH_S = 15.0  # until Prometheus has said how often it scrapes the exporters
+DEFAULT_REFRESH_S = 5.0  # until Prometheus has said how often it scrapes the exporters
 
 GROWTH = "gpuscope_process_memory_growth_bytes_per_second"
 GPU_MEMORY = "gpuscope_process_gpu_memory_bytes"
@@ -122,8 +122,9 @@ def fleet_query(limit: int = FLEET_LIMIT) -> str:
         "rss": f"{RSS} and {on} ({top})",
         "verdict": f"{VERDICT} and {on} ({top})",
         "leak": f"({LEAK} == 1) and {on} ({top})",
-        # Samples per minute of the exporters' readiness: the pace Prometheus scrapes them at.
-        "interval": "60 / max(count_over_time(gpuscope_exporter_ready[1m]))",
+        # Each scrape of an exporter counts one: the inverse of the last two samples' rate is the pace
+        # Prometheus scrapes them at (none until two scrapes are in).
+        "interval": "1 / max(irate(gpuscope_exporter_scrapes_total[1m]))",
     }
     return " or ".join(f'label_replace({expr}, "{TAG}", "{key}", "", "")' for key, expr in parts.items())
 
@@ -316,15 +317,13 @@ def _series(values: Sequence, times: Sequence[float]) -> Series:
     return Series(tuple(times), tuple(by_time.get(round(t, 3)) for t in times))
 
 
-def remote_evidence(client: FleetClient, node: str, pid: int, duration_s: float, *,
-                    clock: Callable[[], float] = time.time) -> Evidence:
+def remote_evidence(client: FleetClient, node: str, pid: int, duration_s: float) -> Evidence:
     """The exporter's history of one process over the last `duration_s` seconds as Evidence.
 
-    Three requests after the first: which process (the newest start_time under that PID), one
-    range query for all of its memory series and its node's GPUs (at the pace of the samples, so
-    no sample is invented or skipped), and the node's processes by growth now (step 4).
+    Which process (the newest start_time under that PID), the times of its samples, one range
+    query for all of its memory series and its node's GPUs at the pace of those samples, the
+    GPU's size, and the node's processes by growth now (step 4).
     Raises ProcessNotExported, or SourceError."""
-    end = clock()
     window = f"{max(1, round(duration_s))}s"
     ident = [Matcher("node", "=", node), Matcher("pid", "=", str(pid))]
     found = client.query(f"last_over_time({RSS}{{{','.join(m.promql() for m in ident)}}}[{window}])")
@@ -335,9 +334,14 @@ def remote_evidence(client: FleetClient, node: str, pid: int, duration_s: float,
     this = [*ident, Matcher("start_time", "=", str(labels.get("start_time", "")))]
     sel = ",".join(m.promql() for m in this)
     on_node = Matcher("node", "=", node).promql()
-    counted = client.query(f"count_over_time({RSS}{{{sel}}}[{window}])")
-    samples = max((_number(r["value"][1]) or 0 for r in counted), default=0)
-    step = max(1.0, duration_s / samples) if samples else max(1.0, duration_s / 60)
+    # The raw samples' times: the range query then asks at their pace over the span they cover,
+    # so no sample is invented (a finer step) or skipped (a coarser one).
+    raw = client.query(f"{RSS}{{{sel}}}[{window}]")
+    times = sorted(float(t) for r in raw for t, _ in r.get("values", ()))
+    if len(times) < 2:
+        raise ProcessNotExported(node, pid)
+    start, end = times[0], times[-1]
+    step = max(0.001, (end - start) / (len(times) - 1))
     parts = {
         "rss": f"{RSS}{{{sel}}}",
         "gpu": f"sum by (gpu) ({GPU_MEMORY}{{{sel}}})",
@@ -346,7 +350,6 @@ def remote_evidence(client: FleetClient, node: str, pid: int, duration_s: float,
         "device": f"gpuscope_gpu_memory_used_bytes{{{on_node}}}",
     }
     combined = " or ".join(f'label_replace({expr}, "{TAG}", "{key}", "", "")' for key, expr in parts.items())
-    start = end - duration_s
     results = client.query_range(combined, start, end, step)
     got: dict[str, list[dict]] = {}
     for r in results:
