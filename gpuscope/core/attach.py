@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gpuscope.core.printable import printable_line
+from gpuscope.errors import GpuscopeError
 
 
 class Attachable(Protocol):
@@ -46,7 +47,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 PID_LIMIT = 2**31
 
 
-class AttachRefused(ValueError):
+class AttachRefused(GpuscopeError):
     """The attach command cannot be built for this process: one line saying why."""
 
 

@@ -35,6 +35,7 @@ from gpuscope.core.prometheus import TAG, PrometheusAuth, PrometheusCollector
 from gpuscope.core.promql import Matcher
 from gpuscope.core.serving_model import ServingSnapshot, SourceError
 from gpuscope.core.settings import PrometheusConfig
+from gpuscope.errors import GpuscopeError
 
 FLEET_LIMIT = 200  # processes in the fleet view: the fastest growing across every node
 MAX_SERIES = 10_000  # series in one answer (a fleet query yields a few per process)
@@ -306,7 +307,7 @@ class FleetSource:
 # -- a diagnosis from Prometheus history ------------------------------------------------------------------
 
 
-class ProcessNotExported(LookupError):
+class ProcessNotExported(GpuscopeError):
     """Prometheus holds no exporter series of that node and PID over the window."""
 
 
@@ -407,10 +408,10 @@ def remote_diagnosis(evidence: Evidence, node: str, *, thresholds: LeakThreshold
     the process itself, and says where to run it."""
     diagnosis = diagnose(replace(evidence, serving_start=None, serving_end=serving), thresholds)
     restated = {7: Step(7, TITLES[6], "skipped",
-                        f"skipped: the code path needs the node: run `gpuscope diagnose --pid {evidence.pid}` on {node}.",
+                        f"skipped: the code path needs the node: run 'gpuscope diagnose --pid {evidence.pid}' on {node}.",
                         evidence={"node": node, "from": "prometheus"})}
     if serving is None:  # the engine would ask for a source; Prometheus was one, without the service's series
-        why = "skipped: Prometheus holds no serving metrics gpuscope knows (narrow it with --job, --instance)."
+        why = "skipped: Prometheus holds no serving metrics of a known server (pick the service with --job, --instance)."
         restated.update({n: Step(n, TITLES[n - 1], "skipped", why) for n in (3, 5)})
     steps = tuple(restated.get(s.number, s) for s in diagnosis.steps)
     return replace(diagnosis, steps=steps, evidence={**diagnosis.evidence, "from": "prometheus", "node": node})
