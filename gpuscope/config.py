@@ -43,6 +43,9 @@ same as an empty one.
     keep_days = 7                     # older session files are deleted ...
     max_mb = 512                      # ... and the oldest go first past this total
 
+    [fleet]                           # the fleet view (f, with --prometheus): Enter runs, without
+    attach = "ssh -t {node} gpuscope --pid {pid}"   # a shell, this; {node} {pod} {namespace} {pid}
+
 A bad file is one `ConfigError` line naming the file, the line when it is known, and the key.
 The file must be a regular file (a link to one is fine) of at most 1 MiB: a FIFO, a device such
 as /dev/zero, or TOML nested past what the parser can follow is refused with one line, at once.
@@ -73,6 +76,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpuscope import theme_files
+from gpuscope.core.attach import check_attach_template
 from gpuscope.core.atomic import RefusedPath, read_regular
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.settings import (
@@ -81,6 +85,7 @@ from gpuscope.core.settings import (
     Config,
     ConfigError,
     ConsoleConfig,
+    FleetConfig,
     JournalConfig,
     PrometheusConfig,
     ServiceConfig,
@@ -90,7 +95,7 @@ from gpuscope.core.settings import (
 from gpuscope.folders import config_dir
 
 ENV_CONFIG = "GPUSCOPE_CONFIG"
-SECTIONS = ("console", "service", "prometheus", "profiles", "slo", "alerts", "journal")
+SECTIONS = ("console", "service", "prometheus", "profiles", "slo", "alerts", "journal", "fleet")
 PROMETHEUS_KEYS = ("url", "token", "user", "password", "job", "instance")
 SECRET_KEYS = frozenset({"prometheus.token", "prometheus.password"})
 MIN_REFRESH_S = 0.25
@@ -141,6 +146,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -
         slo=_slo(shell, data.get("slo", {})),
         alerts=_alerts(shell, data.get("alerts", {})),
         journal=_journal(shell, data.get("journal", {})),
+        fleet=_fleet(shell, data.get("fleet", {})),
     )
 
 
@@ -170,6 +176,21 @@ def _journal(shell: Config, table: Mapping[str, Any]) -> JournalConfig:
             raise shell.error(("journal", key), "expected a positive number")
         values[key] = value if key == "enabled" else float(value)
     return JournalConfig(**values)
+
+
+def _fleet(shell: Config, table: Mapping[str, Any]) -> FleetConfig:
+    values: dict[str, str] = {}
+    for key, value in table.items():
+        if key not in FleetConfig.__slots__:
+            raise _unknown(shell, "fleet", key, FleetConfig.__slots__)
+        if not isinstance(value, str):
+            raise shell.error(("fleet", key), 'expected a command, e.g. "kubectl exec -it {pod} -- gpuscope --pid {pid}"')
+        try:
+            check_attach_template(value)
+        except ValueError as exc:
+            raise shell.error(("fleet", key), str(exc)) from None
+        values[key] = value
+    return FleetConfig(**values)
 
 
 def _slo(shell: Config, table: Mapping[str, Any]) -> SloConfig:
@@ -388,6 +409,10 @@ class Settings:
     @property
     def slo(self) -> SloConfig:
         return self.config.slo
+
+    @property
+    def fleet(self) -> FleetConfig:
+        return self.config.fleet
 
     @property
     def journal(self) -> JournalConfig:

@@ -37,18 +37,32 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from gpuscope.core.node import NodeSource
 
     source = NodeSource(interval=settings.refresh_s, focus_pid=args.pid, thresholds=settings.thresholds)
-    return run_console(settings, source, serving, theme=theme, pid=args.pid)
+    fleet = fleet_view(settings, serving)
+    return run_console(settings, source, serving, theme=theme, pid=args.pid, fleet=fleet,
+                       cleanups=(fleet.source.stop,) if fleet else ())
+
+
+def fleet_view(settings: Settings, serving: Any) -> Any:
+    """The fleet view (gpuscope.tui.fleet.FleetView) where the service is read from Prometheus:
+    the same server holds the gpuscope exporters' series. None otherwise."""
+    if serving is None or serving.collector.source != "prometheus":
+        return None
+    from gpuscope.core.fleet import FleetSource, open_client
+    from gpuscope.tui.fleet import FleetView
+
+    client = open_client(settings.value("prometheus.url"), config=settings.config.prometheus)
+    return FleetView(FleetSource.of(client), settings.fleet.attach)
 
 
 def run_console(settings: Settings, source: Any, serving: Any, *, theme: str, pid: int | None,
-                cleanups: Sequence[Callable[[], object]] = ()) -> int:
+                cleanups: Sequence[Callable[[], object]] = (), fleet: Any = None) -> int:
     """Run the live console over `source` (and `serving`), recording the session to its journal."""
     from gpuscope.core.session.live import LiveSession
     from gpuscope.tui.app import GpuScopeApp
 
     journal = open_journal(settings, pid=pid)
     app = GpuScopeApp(LiveSession(source, serving=serving, journal=journal), theme=theme, slo=settings.slo,
-                      thresholds=settings.thresholds)
+                      thresholds=settings.thresholds, fleet=fleet)
     for cleanup in (journal.close, *cleanups):  # also when a lost terminal cuts the exit short
         app.add_cleanup(cleanup)
     try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuscope.core.attach import DEFAULT_ATTACH
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.errors import UsageError
 
@@ -41,6 +42,13 @@ class PrometheusConfig:
     password: str | None = field(default=None, repr=False)
     job: str | None = None
     instance: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """The fleet view: the command Enter runs to open gpuscope on a process of another node."""
+
+    attach: str = DEFAULT_ATTACH
 
 
 # The leak detector's thresholds a user may change; the others are the detector's own business.
@@ -93,6 +101,7 @@ class Config:
     slo: SloConfig = SloConfig()
     alerts: AlertsConfig = AlertsConfig()
     journal: JournalConfig = JournalConfig()
+    fleet: FleetConfig = FleetConfig()
 
     def error(self, keys: tuple[str, ...], message: str) -> ConfigError:
         """A ConfigError for the value at `keys` (e.g. ("profiles", "vllm", "ttft"))."""

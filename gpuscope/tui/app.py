@@ -50,6 +50,7 @@ from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 from gpuscope.tui.textlines import TextLines
 from gpuscope.tui.export import ExportScreen, export_target
+from gpuscope.tui.fleet import FleetScreen, FleetView
 from gpuscope.tui.timeline import JumpScreen, Timeline
 from gpuscope.tui.wizard import WizardScreen
 
@@ -111,6 +112,7 @@ class GpuScopeApp(App):
         Binding("a", "allocations", "Alloc"),
         Binding("i", "command_line", "Command line", show=False),
         Binding("x", "detach", "Detach", show=False),
+        Binding("f", "fleet", "Fleet"),  # with --prometheus: every node's processes (gpuscope.tui.fleet)
         Binding("t", "next_theme", "Theme", show=False),
         Binding("ctrl+z", "suspend_process", "Suspend", show=False),  # the terminal is raw: ^Z is a key
         Binding("e", "export", "Export"),
@@ -145,8 +147,10 @@ class GpuScopeApp(App):
         slo: SloConfig | None = None,
         journal: Journal | None = None,
         thresholds: LeakThresholds | None = None,
+        fleet: FleetView | None = None,
     ) -> None:
         super().__init__()
+        self.fleet = fleet
         self.thresholds = thresholds or LeakThresholds()  # the settings' [alerts], for the wizard too
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over a slow link every animation frame is bytes on the wire
@@ -318,6 +322,13 @@ class GpuScopeApp(App):
         pid = self._selected_pid()
         if pid is not None:
             self.push_screen(WizardScreen(pid))
+
+    def action_fleet(self) -> None:
+        if self.fleet is None:
+            self.notify("the fleet view reads the gpuscope exporters in Prometheus: start with --prometheus URL",
+                        severity="warning")
+        else:
+            self.push_screen(FleetScreen(self.fleet))
 
     def on_alert_bar_open(self, message: AlertBar.Open) -> None:
         self._diagnose(message.alert)

@@ -28,6 +28,7 @@ HELP = """\
   S               hot paths: py-spy samples for 5 s, aggregated
   a               allocation sites: the code whose memory stays (asks first)
   i               the selected process's whole command line
+  f               fleet (--prometheus): all nodes' processes; Enter attaches there
   e               export the session as one snapshot file (replay, report)
   t               next colour theme (remembered; all of them in Ctrl+P)
   Esc             close this help, a screen, the filter
