@@ -5,6 +5,9 @@ found (the snapshot carries it; nothing is computed here); the headline signals
 with a sparkline of their recent history (latency over its SLO is coloured and marked "!"); and
 the pipeline's stages with their share of the request time as bars. When the target stops
 answering, the panel says since when instead of showing stale numbers as if they were current.
+
+On a short terminal the panel is compact: two lines (where from, and the signals without their
+sparklines), each cut with an ellipsis rather than wrapped, so the process table keeps its rows.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class ServicePanel(TextLines):
         self.slo = slo or SloConfig()
         self.palette = DEFAULT_PALETTE
         self._snap: ServingSnapshot | None = None
+        self.compact = False
         self.add_class("empty")
 
     def on_mount(self) -> None:
@@ -63,6 +67,15 @@ class ServicePanel(TextLines):
         self.palette = palette
         if self._snap is not None:
             self.show(self._snap)
+
+    def set_compact(self, compact: bool) -> None:
+        """Two lines that never wrap (a short terminal), or every line, wrapped."""
+        if compact == self.compact:
+            return
+        self.compact = compact
+        if self._snap is not None:
+            self.set_text(self.render_snapshot(self._snap))
+        self.set_wrap(not compact)
 
     def show(self, snap: ServingSnapshot) -> None:
         self._snap = snap
@@ -95,21 +108,22 @@ class ServicePanel(TextLines):
             f"queue {number(s.queue_depth, '{:.0f}')}  KV {number(None if s.kv_cache_usage is None else 100 * s.kv_cache_usage, '{:.0f}%')}",
             style=stale,
         )
-        if snap.stages:
-            text.append("\n")
-            for stage in snap.stages:
-                share = stage.share or 0.0
-                filled = round(share * 10)
-                text.append(f"{stage.name} ")
-                text.append("█" * filled, style=p.secondary)
-                text.append("░" * (10 - filled), style="dim")
-                text.append(f" {seconds(stage.p50_s)}/{seconds(stage.p95_s)} {share * 100:.0f}%   ", style=stale)
-        if snap.fleet:
-            text.append("\nFLEET growth ", style="bold")
-            for row in snap.fleet[:4]:
-                where = "/".join(x for x in (row.host, f"gpu{row.gpu}" if row.gpu is not None else None, row.pod) if x)
-                rate = "-" if row.growth_mib_per_s is None else f"{row.growth_mib_per_s:+.1f} MiB/s"
-                text.append(f"{where} {rate}   ")
+        if not self.compact:  # the stages and the fleet: only where there is room
+            if snap.stages:
+                text.append("\n")
+                for stage in snap.stages:
+                    share = stage.share or 0.0
+                    filled = round(share * 10)
+                    text.append(f"{stage.name} ")
+                    text.append("█" * filled, style=p.secondary)
+                    text.append("░" * (10 - filled), style="dim")
+                    text.append(f" {seconds(stage.p50_s)}/{seconds(stage.p95_s)} {share * 100:.0f}%   ", style=stale)
+            if snap.fleet:
+                text.append("\nFLEET growth ", style="bold")
+                for row in snap.fleet[:4]:
+                    where = "/".join(x for x in (row.host, f"gpu{row.gpu}" if row.gpu is not None else None, row.pod) if x)
+                    rate = "-" if row.growth_mib_per_s is None else f"{row.growth_mib_per_s:+.1f} MiB/s"
+                    text.append(f"{where} {rate}   ")
         text.rstrip()
         return text
 
@@ -118,4 +132,7 @@ class ServicePanel(TextLines):
         breach = slo is not None and current is not None and current > slo
         text.append(f"{label} ", style=style)
         text.append(f"{'!' if breach else ''}{value}", style=f"bold {self.palette.error}" if breach else style or "bold")
-        text.append(f" {sparkline([v for _, v in snap.series(name)])}  ", style="dim")
+        if self.compact:
+            text.append("  ")
+        else:
+            text.append(f" {sparkline([v for _, v in snap.series(name)])}  ", style="dim")
