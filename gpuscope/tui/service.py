@@ -6,8 +6,9 @@ with a sparkline of their recent history (latency over its SLO is coloured and m
 the pipeline's stages with their share of the request time as bars. When the target stops
 answering, the panel says since when instead of showing stale numbers as if they were current.
 
-On a short terminal the panel is compact: two lines (where from, and the signals without their
-sparklines), each cut with an ellipsis rather than wrapped, so the process table keeps its rows.
+On a short terminal the panel is compact: one line each for where from, the signals (without
+their sparklines) and the stages (without their bars), each cut with an ellipsis rather than
+wrapped, and no fleet line, so the process table keeps its rows.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class ServicePanel(TextLines):
             self.show(self._snap)
 
     def set_compact(self, compact: bool) -> None:
-        """Two lines that never wrap (a short terminal), or every line, wrapped."""
+        """Three lines that never wrap (a short terminal), or every line, wrapped."""
         if compact == self.compact:
             return
         self.compact = compact
@@ -108,22 +109,25 @@ class ServicePanel(TextLines):
             f"queue {number(s.queue_depth, '{:.0f}')}  KV {number(None if s.kv_cache_usage is None else 100 * s.kv_cache_usage, '{:.0f}%')}",
             style=stale,
         )
-        if not self.compact:  # the stages and the fleet: only where there is room
-            if snap.stages:
-                text.append("\n")
-                for stage in snap.stages:
-                    share = stage.share or 0.0
+        if snap.stages:
+            text.append("\n")
+            for stage in snap.stages:
+                share = stage.share or 0.0
+                text.append(f"{stage.name} ")
+                if not self.compact:  # the share says what the bar shows
                     filled = round(share * 10)
-                    text.append(f"{stage.name} ")
                     text.append("█" * filled, style=p.secondary)
                     text.append("░" * (10 - filled), style="dim")
-                    text.append(f" {seconds(stage.p50_s)}/{seconds(stage.p95_s)} {share * 100:.0f}%   ", style=stale)
-            if snap.fleet:
-                text.append("\nFLEET growth ", style="bold")
-                for row in snap.fleet[:4]:
-                    where = "/".join(x for x in (row.host, f"gpu{row.gpu}" if row.gpu is not None else None, row.pod) if x)
-                    rate = "-" if row.growth_mib_per_s is None else f"{row.growth_mib_per_s:+.1f} MiB/s"
-                    text.append(f"{where} {rate}   ")
+                    text.append(" ")
+                text.append(f"{seconds(stage.p50_s)}/{seconds(stage.p95_s)} {share * 100:.0f}%",
+                            style=stale)
+                text.append("  " if self.compact else "   ")
+        if snap.fleet and not self.compact:
+            text.append("\nFLEET growth ", style="bold")
+            for row in snap.fleet[:4]:
+                where = "/".join(x for x in (row.host, f"gpu{row.gpu}" if row.gpu is not None else None, row.pod) if x)
+                rate = "-" if row.growth_mib_per_s is None else f"{row.growth_mib_per_s:+.1f} MiB/s"
+                text.append(f"{where} {rate}   ")
         text.rstrip()
         return text
 

@@ -45,7 +45,10 @@ async def test_the_table_keeps_its_rows_with_an_alert_and_the_service_panel(size
         await pilot.pause()
         assert app.query_one("#alerts").region.height == 1  # one line, cut with an ellipsis
         assert app.query_one("#notices").region.height == 1
-        assert app.query_one(ServicePanel).region.height == 2  # compact: where from, the signals
+        service = app.query_one(ServicePanel)
+        assert service.region.height == 3  # compact: where from, the signals, the stages
+        if size[0] >= 80:
+            assert "llm 300ms/450ms 90%" in service.lines[2] and "…" not in service.lines[2]
         assert shown_rows(app) >= at_least, app.query_one(ProcessTable).region
 
 
