@@ -53,6 +53,7 @@ from gpuscope.tui.export import ExportScreen, export_target
 from gpuscope.tui.fleet import FleetScreen, FleetView
 from gpuscope.tui.timeline import JumpScreen, Timeline
 from gpuscope.tui.wizard import WizardScreen
+from gpuscope.tui.workspace import Workspace
 
 
 HANGUP_EXIT = 128 + signal.SIGHUP
@@ -411,16 +412,18 @@ class GpuScopeApp(App):
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="title-bar"):
-            yield TextLines("gpuscope", id="title")
+            yield TextLines("gpuscope", wrap=False, id="title")
             yield TextLines("", id="clock")  # its own widget: the clock ticking resends 8 cells, not the bar
         yield Timeline(id="timeline")
         yield DevicesPanel(id="devices")
-        yield AlertBar(id="alerts")
+        # One line, cut with an ellipsis: on a short terminal the table needs the lines more.
+        yield AlertBar(wrap=False, id="alerts")
         yield ServicePanel(self.slo, id="service")
-        yield ProcessTable(id="processes")
-        with Horizontal(id="bottom"):
-            yield MemoryChart(id="chart")
-            yield ProcessPanel(id="detail")
+        with Workspace(id="workspace"):
+            yield ProcessTable(id="processes")
+            with Horizontal(id="bottom"):
+                yield MemoryChart(id="chart")
+                yield ProcessPanel(id="detail")
         yield Input(placeholder="filter: command, user or PID (Enter keeps it, Esc clears)", id="filter")
         yield Footer()
 
@@ -484,8 +487,14 @@ class GpuScopeApp(App):
             self.session.stop()
 
     def on_resize(self, event) -> None:
-        self.set_class(event.size.width < 100, "narrow")
-        self.set_class(event.size.height < 30, "short")
+        width, height = event.size
+        self.set_class(width < 100, "narrow")
+        self.set_class(width < 72, "very-narrow")
+        self.set_class(height < 30, "short")
+        try:
+            self.query_one(ServicePanel).set_compact(height < 30)
+        except NoMatches:  # not composed yet: the first Resize comes again after
+            pass
 
     # -- rendering ---------------------------------------------------------------------------------
 

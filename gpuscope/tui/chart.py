@@ -14,6 +14,7 @@ date helpers are broken with current plotext.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -46,6 +47,22 @@ SPANS_S = (60.0, 120.0, 360.0)
 HISTORY_S = 300.0  # the history the source charts (its CHART_WINDOW_S)
 Y_AXIS_LINES = {"GPU": ("GPU", "resv", "alloc"), "RSS": ("RSS",)}  # torch's figures on the GPU's axis
 Y_HEADROOM = 0.25  # of the values' range (or of the value, when flat), above and below
+# Lines of the chart that are not the plot: the title, the frame's top, the x axis, its labels.
+CHART_FURNITURE_LINES = 4
+
+
+def y_ticks(low: float, high: float, rows: int) -> tuple[list[float], list[str]]:
+    """Ticks for a y axis from `low` (the bottom row) to `high` (the top row) over `rows` rows:
+    one every other row (every third on a tall chart) from the top down, each exactly on its row,
+    so the labels stand evenly spaced and say the value of the row they are on."""
+    if rows < 2 or high <= low:
+        return [], []
+    every = 3 if rows > 12 else 2 if rows > 3 else 1
+    per_row = (high - low) / (rows - 1)
+    values = [high - per_row * row for row in range(0, rows, every)]
+    step = per_row * every
+    decimals = max(0, min(3, 1 - math.floor(math.log10(step))))
+    return values, [f"{v:.{decimals}f}" for v in values]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +101,7 @@ class MemoryChart(PlotextPlot):
         super().__init__(**kwargs)
         self._series: MemorySeries | None = None
         self._x_labels: list[str] = []
+        self._y_ranges: dict[str, tuple[float, float]] = {}  # yside -> (low, high) in the axis' unit
         self._now = 0.0  # the time the series' ages count back from
         self._axes: Axes | None = None
         self._kept: dict[str, dict[float, float]] = {}  # line -> time -> bytes, drawn since the origin
@@ -127,6 +145,9 @@ class MemoryChart(PlotextPlot):
         width, height = self.size.width, self.size.height
         self.plt.plotsize(width, height)
         self.plt._set_size(width, height)  # see textual-plotext#5: plotsize alone is not enough
+        # plotext's own y ticks are evenly spaced in value but land on rows unevenly on a short chart.
+        for side, (low, high) in self._y_ranges.items():
+            self.plt.yticks(*y_ticks(low, high, height - CHART_FURNITURE_LINES), yside=side)
         # A theme of the terminal's own colours gets a chart without a painted background (plotext's
         # themes are RGB); the lines keep their ANSI colours.
         self.plt.theme("clear" if self.app.native_ansi_color else self._get_plotext_theme_name(self.app.theme))
@@ -178,6 +199,7 @@ class MemoryChart(PlotextPlot):
         plt.clear_data()
         plt.clear_figure()
         self._x_labels = []
+        self._y_ranges = {}
         series = self._series
         if series is None or not series.ages:
             plt.title("Select a process to chart its memory")
@@ -237,6 +259,7 @@ class MemoryChart(PlotextPlot):
             plt.plot([t - axes.origin for t, _ in line], [v / unit for _, v in line], label=f"{name} {label}",
                      marker=marker[name], color=colour, yside=side)
             plt.ylim(low / unit, high / unit, yside=side)
+            self._y_ranges[side] = (low / unit, high / unit)
             parts.append(f"{name} {label}" + (f" ({side})" if gpu and rss else ""))
             if name == "GPU":
                 # PyTorch's allocator (a process with a probe) on the GPU's axis: the gap between

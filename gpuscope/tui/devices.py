@@ -55,12 +55,14 @@ class DevicesPanel(Vertical):
     """
 
     def compose(self) -> ComposeResult:
-        yield TextLines(id="nvml-status", classes="empty")
+        # Notices take one line each, cut with an ellipsis, never wrapped: the process table
+        # needs the lines more (the whole text is the line's tooltip).
+        yield TextLines(wrap=False, id="nvml-status", classes="empty")
         with Horizontal():
             yield TextLines(wrap=False, id="dev-names")
             yield TextLines(wrap=False, id="dev-bars")
             yield TextLines(wrap=False, id="dev-numbers")
-        yield TextLines(id="notices", classes="empty")
+        yield TextLines(wrap=False, id="notices", classes="empty")
 
     palette = DEFAULT_PALETTE
     _frame: Frame | None = None
@@ -87,7 +89,7 @@ class DevicesPanel(Vertical):
         p = self.palette
         wide = self.size.width >= 110
         name_width = 22 if wide else 12
-        bar_width = max(6, self.query_one("#dev-bars").size.width or 20)
+        bar_width = max(1, self.query_one("#dev-bars").size.width or 20)
         names: list[Text] = []
         bars: list[Text] = []
         numbers: list[Text] = []
@@ -123,3 +125,4 @@ class DevicesPanel(Vertical):
             widget = self.query_one(f"#{widget_id}", TextLines)
             widget.set_class(not text.plain, "empty")
             widget.set_text(text)
+            widget.tooltip = widget.text if text.plain else None  # a Text: never read as markup

@@ -27,13 +27,15 @@ from gpuscope.core.units import format_bytes, format_rate
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 
+SORT_MARK = "▼"
 COLUMNS = (  # key, label, width (None: the rest of the line), right-aligned
     ("pid", "PID", 7, True),
     ("user", "USER", 8, False),
     ("gpu", "GPU", 3, True),
-    ("gpu_mem", "GPU MEM", 7, True),
+    # A column the table can be sorted by is one wider than its label: the sort mark fits.
+    ("gpu_mem", "GPU MEM", 8, True),
     ("rss", "RSS", 7, True),
-    ("growth", "GROW MB/s", 9, True),
+    ("growth", "GROW MB/s", 10, True),
     ("cpu", "CPU%", 5, True),
     ("command", "COMMAND", None, False),
 )
@@ -91,7 +93,7 @@ class ProcessTable(Widget, can_focus=True):
         Binding("down", "move(1)", "Down", show=False),
         Binding("pageup", "page(-1)", "Page up", show=False),
         Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home", "move(-1000000)", "First", show=False),
+        Binding("home", "top", "First", show=False),
         Binding("end", "move(1000000)", "Last", show=False),
         Binding("enter", "attach", "Attach"),
     ]
@@ -119,6 +121,10 @@ class ProcessTable(Widget, can_focus=True):
         self._order: list[ProcessRow] = []
         self._cursor_key: str | None = None
         self._cursor = 0
+        # Until the operator moves the cursor it stays on the first row, whatever comes first as
+        # frames arrive (NVML's processes come after the host's at start): the view opens on the
+        # processes that use the most, not on one that was first before they were known.
+        self._at_top = True
         self._top = 0
         self._drawn: dict[str, tuple] = {}  # column -> what it shows now
 
@@ -174,6 +180,7 @@ class ProcessTable(Widget, can_focus=True):
     def select_pid(self, pid: int) -> None:
         index = next((i for i, r in enumerate(self._order) if r.pid == pid), None)
         if index is not None:
+            self._at_top = False
             self._move_to(index)
 
     def _reorder(self) -> None:
@@ -181,7 +188,7 @@ class ProcessTable(Widget, can_focus=True):
         rows = [r for r in self._all if matches(r, self.filter_text)]
         # Larger first; ties keep a stable order (by PID) so equal rows never swap places.
         self._order = sorted(rows, key=lambda r: (sort_key(r), -r.pid, -(r.gpu or 0)), reverse=True)
-        index = next((i for i, r in enumerate(self._order) if r.key == self._cursor_key), None)
+        index = 0 if self._at_top else next((i for i, r in enumerate(self._order) if r.key == self._cursor_key), None)
         if index is None:
             index = min(self._cursor, max(0, len(self._order) - 1))
         self._place(index)
@@ -216,10 +223,17 @@ class ProcessTable(Widget, can_focus=True):
             self.post_message(self.Highlighted(row))
 
     def action_move(self, delta: int) -> None:
+        self._at_top = False
         self._move_to(self._cursor + delta)
 
     def action_page(self, direction: int) -> None:
+        self._at_top = False
         self._move_to(self._cursor + direction * self._visible_rows)
+
+    def action_top(self) -> None:
+        """Home: the first row, and the cursor stays on the first row as the order changes."""
+        self._at_top = True
+        self._move_to(0)
 
     def action_attach(self) -> None:
         if self._order:
@@ -230,6 +244,7 @@ class ProcessTable(Widget, can_focus=True):
         if 0 <= index < len(self._order):
             if index == self._cursor and event.chain >= 2:
                 self.action_attach()
+            self._at_top = False
             self._move_to(index)
 
     def on_resize(self) -> None:
@@ -251,7 +266,7 @@ class ProcessTable(Widget, can_focus=True):
             if key == "command" and len(self._order) > len(visible):
                 label = f"{label}  (rows {self._top + 1}-{self._top + len(visible)} of {len(self._order)})"
             if key == sorted_column:
-                label += "▼"
+                label += SORT_MARK
             content = (label, cursor_at, header_style, cursor_style, tuple(row[key] for row in cells))
             if self._drawn.get(key) == content:
                 continue  # most columns do not change from one tick to the next: skip building them

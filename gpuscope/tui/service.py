@@ -5,6 +5,10 @@ found (the snapshot carries it; nothing is computed here); the headline signals
 with a sparkline of their recent history (latency over its SLO is coloured and marked "!"); and
 the pipeline's stages with their share of the request time as bars. When the target stops
 answering, the panel says since when instead of showing stale numbers as if they were current.
+
+On a short terminal the panel is compact: one line each for where from, the signals (without
+their sparklines) and the stages (without their bars), each cut with an ellipsis rather than
+wrapped, and no fleet line, so the process table keeps its rows.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class ServicePanel(TextLines):
         self.slo = slo or SloConfig()
         self.palette = DEFAULT_PALETTE
         self._snap: ServingSnapshot | None = None
+        self.compact = False
         self.add_class("empty")
 
     def on_mount(self) -> None:
@@ -63,6 +68,15 @@ class ServicePanel(TextLines):
         self.palette = palette
         if self._snap is not None:
             self.show(self._snap)
+
+    def set_compact(self, compact: bool) -> None:
+        """Three lines that never wrap (a short terminal), or every line, wrapped."""
+        if compact == self.compact:
+            return
+        self.compact = compact
+        if self._snap is not None:
+            self.set_text(self.render_snapshot(self._snap))
+        self.set_wrap(not compact)
 
     def show(self, snap: ServingSnapshot) -> None:
         self._snap = snap
@@ -99,12 +113,16 @@ class ServicePanel(TextLines):
             text.append("\n")
             for stage in snap.stages:
                 share = stage.share or 0.0
-                filled = round(share * 10)
                 text.append(f"{stage.name} ")
-                text.append("█" * filled, style=p.secondary)
-                text.append("░" * (10 - filled), style="dim")
-                text.append(f" {seconds(stage.p50_s)}/{seconds(stage.p95_s)} {share * 100:.0f}%   ", style=stale)
-        if snap.fleet:
+                if not self.compact:  # the share says what the bar shows
+                    filled = round(share * 10)
+                    text.append("█" * filled, style=p.secondary)
+                    text.append("░" * (10 - filled), style="dim")
+                    text.append(" ")
+                text.append(f"{seconds(stage.p50_s)}/{seconds(stage.p95_s)} {share * 100:.0f}%",
+                            style=stale)
+                text.append("  " if self.compact else "   ")
+        if snap.fleet and not self.compact:
             text.append("\nFLEET growth ", style="bold")
             for row in snap.fleet[:4]:
                 where = "/".join(x for x in (row.host, f"gpu{row.gpu}" if row.gpu is not None else None, row.pod) if x)
@@ -118,4 +136,7 @@ class ServicePanel(TextLines):
         breach = slo is not None and current is not None and current > slo
         text.append(f"{label} ", style=style)
         text.append(f"{'!' if breach else ''}{value}", style=f"bold {self.palette.error}" if breach else style or "bold")
-        text.append(f" {sparkline([v for _, v in snap.series(name)])}  ", style="dim")
+        if self.compact:
+            text.append("  ")
+        else:
+            text.append(f" {sparkline([v for _, v in snap.series(name)])}  ", style="dim")

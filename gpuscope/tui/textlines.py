@@ -94,6 +94,12 @@ class TextLines(Widget):
         self._text = text
         self._rebuild(diff=True)
 
+    def set_wrap(self, wrap: bool) -> None:
+        """Wrap long lines (True) or cut each to one line with an ellipsis (False)."""
+        if wrap != self.wrap:
+            self.wrap = wrap
+            self._rebuild(diff=False)
+
     def on_resize(self) -> None:
         self._rebuild(diff=False)
 
