@@ -32,13 +32,19 @@ def identity(alert: Alert) -> tuple:
     return (alert.kind, alert.pid, alert.device)
 
 
-def describe(alert: Alert, palette: Palette = DEFAULT_PALETTE) -> Text:
+def describe(alert: Alert, palette: Palette = DEFAULT_PALETTE, keys: Text | None = None) -> Text:
+    """One line: the rate and the keys first (what an 80-column bar must keep), then which process
+    and the rest; the line is cut at the right edge."""
     text = Text()
     text.append("⚠ LEAK ", style=f"bold {palette.error}" if not alert.ended else "dim")
+    text.append(f"{format_rate(alert.growth_bytes_per_s)} MB/s", style="bold")
+    if keys is not None:
+        text.append(" · ")
+        text.append_text(keys)
+    text.append(" · ")
     text.append(printable(alert.label), style="bold" if not alert.ended else "dim")
     if alert.ended:
         text.append(" (exited)", style="bold")
-    text.append(f" {format_rate(alert.growth_bytes_per_s)} MB/s")
     if alert.since is not None:
         text.append(f" since {time.strftime('%H:%M:%S', time.localtime(alert.since))}")
     if alert.time_to_full_s is not None and not alert.ended:
@@ -103,12 +109,10 @@ class AlertBar(TextLines):
         if shown is None:
             self.set_text(Text(""))
             return
-        text = describe(shown, self.palette)
-        text.append(" · ")
-        text.append(DIAGNOSE_HINT, style="bold reverse")
+        keys = Text(DIAGNOSE_HINT, style="bold reverse")
         if len(self.alerts) > 1:
-            text.append(f" · A: all {len(self.alerts)} alerts", style="bold")
-        self.set_text(text)
+            keys.append(f" · A: all {len(self.alerts)} alerts", style="bold")
+        self.set_text(describe(shown, self.palette, keys))
 
     def on_click(self) -> None:
         if self.shown is not None:

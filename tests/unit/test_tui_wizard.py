@@ -50,7 +50,7 @@ async def test_the_alert_bar_opens_the_wizard_on_its_process():
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         bar = app.query_one(AlertBar)
-        assert "⚠ LEAK PID 4243 python rag_worker.py (RSS) +6.40 MB/s" in bar.text.plain
+        assert "⚠ LEAK +6.40 MB/s · w: diagnose · PID 4243 python rag_worker.py (RSS)" in bar.text.plain
         assert "w: diagnose" in bar.text.plain
         await pilot.press("w")  # the alert's process, though the table's cursor is on 4242
         assert isinstance(app.screen, WizardScreen) and app.screen.pid == 4243
