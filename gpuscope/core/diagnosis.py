@@ -32,7 +32,7 @@ from gpuscope.core.model import ProcessRow
 from gpuscope.core.profiles import is_model_stage, model_stages
 from gpuscope.core.serving_model import FleetRow, ServingSnapshot
 from gpuscope.core.stacks import Suspect, stack_json
-from gpuscope.core.units import format_bytes, format_duration, format_rate
+from gpuscope.core.units import format_bytes, format_duration, format_rate, format_size
 
 SCHEMA = "gpuscope.diagnosis/1"
 OK, WARN, ALERT, SKIPPED = "ok", "warn", "alert", "skipped"
@@ -231,8 +231,9 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
     left = max(0.0, level(1) - level(0))  # above the trend line on the real clock: the tracker's
     joined = max(0.0, level(1, hole) - level(0))  # above it once joined: the hole's growth too
     note["tracker_left_bytes"] = int(left)
-    if left > 0:
-        note["memory_samples"] += f" (the {format_bytes(left)} the tracker left in the RSS taken out)"
+    note["joined"] = (pre[-1][0], hole)  # later than this on the joined clock: `hole` seconds later really
+    if int(left) > 0:
+        note["memory_samples"] += f" (the {format_size(left)} the tracker left in the RSS taken out)"
     times = [t for t, _ in pre] + [t - hole for t, _ in post]
     values = [v for _, v in pre] + [v - joined for _, v in post]
     return Series(tuple(times), tuple(values)), note
@@ -515,12 +516,16 @@ def _whole(v: object) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _trend(what: str, a: LeakAssessment | None, series: Series | None, total: float | None = None) -> MemoryTrend | None:
-    """A series' assessment with its moments as seconds before the series' end."""
+def _trend(what: str, a: LeakAssessment | None, total: float | None = None,
+           joined: tuple[float, float] | None = None) -> MemoryTrend | None:
+    """A series' assessment with its moments as seconds before the window's end (time 0 of the
+    evidence's clock); `joined`: the series had a hole taken out (`uninstrumented`)."""
     if a is None:
         return None
-    end = series.times[-1] if series is not None and series.times else 0.0
-    began = None if a.since is None or math.isnan(a.since) else max(0.0, end - a.since)
+    since = a.since
+    if since is not None and joined is not None and since > joined[0]:
+        since += joined[1]  # back on the real clock
+    began = None if since is None or math.isnan(since) else max(0.0, -since)
     return MemoryTrend(what=what, pattern=a.pattern, start_bytes=a.start_bytes, end_bytes=a.end_bytes,
                        total_bytes=total, growth_bytes_per_s=a.growth_bytes_per_s, began_s_before_end=began,
                        time_to_full_s=a.time_to_full_s, samples=a.samples, span_s=a.span_s)
@@ -583,9 +588,9 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         decided_by=decided_by, confidence=confidence, memory_samples=note["memory_samples"],
         excluded_s_before_end=(max(0.0, -excluded[0]), max(0.0, -excluded[1])) if excluded else None,
         tracker_left_bytes=note.get("tracker_left_bytes"), sites=sites, ended_at=ev.ended_at, memory_source=source,
-        device=_trend(f"GPU{device.index} ({device.name})", device_assessment, device.used, device.total_bytes)
+        device=_trend(f"GPU{device.index} ({device.name})", device_assessment, device.total_bytes)
         if device is not None else None,
-        host=_trend("RSS", rss_assessment, rss),
+        host=_trend("RSS", rss_assessment, joined=note.get("joined")),
         service=service,
         ranking=tuple(ProcessGrowth(pid, g) for pid, g in ranking),
         rungs=ev.attribution.rungs if ev.attribution is not None else (),

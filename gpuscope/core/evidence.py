@@ -15,10 +15,13 @@ clock of that end, so a recording's reader sees the same moments the live consol
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gpuscope.core.attribution import Rung
+from gpuscope.core.leak import LeakAssessment
+from gpuscope.core.stacks import Suspect
 from gpuscope.core.units import (
     format_ago,
     format_clock,
@@ -27,9 +30,6 @@ from gpuscope.core.units import (
     format_size,
     format_speed,
 )
-
-if TYPE_CHECKING:
-    from gpuscope.core.diagnosis import Diagnosis
 
 VERDICT = 0  # the key of the verdict's own lines in `evidence_lines`; the steps are 1 to 7
 
@@ -160,7 +160,24 @@ class VerdictEvidence:
 # -- the readable lines ---------------------------------------------------------------------------
 
 
-def evidence_lines(diagnosis: Diagnosis, now: float | None = None) -> dict[int, tuple[str, ...]]:
+class Diagnosed(Protocol):
+    """What the lines read of a diagnosis (gpuscope.core.diagnosis.Diagnosis, which imports this module)."""
+
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def pattern(self) -> str: ...
+    @property
+    def memory(self) -> LeakAssessment: ...
+    @property
+    def suspects(self) -> Sequence[Suspect]: ...
+    @property
+    def evidence(self) -> VerdictEvidence: ...
+    @property
+    def instrument(self) -> InstrumentCost | None: ...
+
+
+def evidence_lines(diagnosis: Diagnosed, now: float | None = None) -> dict[int, tuple[str, ...]]:
     """The evidence as short lines: `VERDICT` (0) for the verdict's, 1 to 7 for each step's.
 
     `now` (wall clock) gives moments their age ("18 s ago"); without it they are clock times only."""
@@ -172,9 +189,9 @@ def evidence_lines(diagnosis: Diagnosis, now: float | None = None) -> dict[int, 
         first, last = ev.excluded_s_before_end
         verdict.append(f"left out while the tracker ran: {moment.span(first, last)}")
     if diagnosis.instrument is not None and diagnosis.instrument.method is not None:
-        verdict.append(f"instrument: {instrument_text(diagnosis.instrument)}")
+        verdict += instrument_lines(diagnosis.instrument)
     if ev.ended_at is not None:
-        verdict.append(f"window: {format_duration(diagnosis.duration_s)} to {moment.at(0.0)}")
+        verdict.append(f"window: {format_duration(diagnosis.duration_s)} ending {moment.at(0.0)}")
     lines: dict[int, list[str]] = {VERDICT: verdict, **{n: [] for n in range(1, 8)}}
     if ev.device is not None:
         lines[1] += _trend_lines(ev.device, moment)
@@ -199,19 +216,25 @@ def evidence_lines(diagnosis: Diagnosis, now: float | None = None) -> dict[int, 
     return {n: tuple(v) for n, v in lines.items()}
 
 
-def instrument_text(cost: InstrumentCost) -> str:
-    parts = [f"{cost.method} tracked for {format_duration(cost.seconds or 0.0)}"]
-    if cost.cut_short:
-        parts.append("its capture reached its size cap, so tracking stopped early (allocations after it were not kept)")
+def instrument_lines(cost: InstrumentCost) -> list[str]:
+    """What the tracker inside the process was, what it cost, and what it could not keep."""
+    what = f"instrument: {cost.method} tracked for {format_duration(cost.seconds or 0.0)}"
     if cost.loaded_from and cost.loaded_from != "the service's environment":
-        parts.append(f"loaded from {cost.loaded_from}")
-    if cost.added_bytes is not None:
-        parts.append(f"added {format_size(cost.added_bytes)} to the RSS while tracking")
-    if cost.left_bytes is not None:
-        parts.append(f"{format_size(cost.left_bytes)} still there after")
+        what += f", loaded from {cost.loaded_from}"
     if cost.sees:
-        parts.append(f"sees {cost.sees}")
-    return "; ".join(parts)
+        what += f"; sees {cost.sees}"
+    out = [what]
+    spent = []
+    if cost.added_bytes is not None:
+        spent.append(f"added {format_size(cost.added_bytes)} to the RSS while tracking")
+    if cost.left_bytes is not None:
+        spent.append(f"{format_size(cost.left_bytes)} still there after")
+    if spent:
+        out.append("instrument cost: " + ", ".join(spent))
+    if cost.cut_short:
+        out.append("instrument cut short: its capture reached its size cap, so tracking stopped early "
+                   "(allocations after that were not kept)")
+    return out
 
 
 class _Moments:
