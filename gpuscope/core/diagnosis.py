@@ -215,7 +215,7 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
     pre = [(t, v) for t, v in zip(series.times, series.values) if v is not None and not math.isnan(v) and t < start]
     post = [(t, v) for t, v in zip(series.times, series.values) if v is not None and not math.isnan(v) and t > end]
     note: dict = {"memory_samples": f"{len(pre)} samples before the tracker ran and {len(post)} after it stopped",
-                  "excluded_s": [round(start, 1), round(end, 1)]}
+                  "excluded_s": [round(start, 1), round(end, 1)], "samples_after": len(post)}
     if len(pre) < 2 or len(post) < 2:
         kept = pre + post
         return Series(tuple(t for t, _ in kept), tuple(v for _, v in kept)), note
@@ -587,7 +587,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     evidence = VerdictEvidence(
         decided_by=decided_by, confidence=confidence, memory_samples=note["memory_samples"],
         excluded_s_before_end=(max(0.0, -excluded[0]), max(0.0, -excluded[1])) if excluded else None,
-        tracker_left_bytes=note.get("tracker_left_bytes"), sites=sites, ended_at=ev.ended_at, memory_source=source,
+        tracker_left_bytes=note.get("tracker_left_bytes"), samples_after_tracker=note.get("samples_after"), sites=sites, ended_at=ev.ended_at, memory_source=source,
         device=_trend(f"GPU{device.index} ({device.name})", device_assessment, device.total_bytes)
         if device is not None else None,
         host=_trend("RSS", rss_assessment, joined=note.get("joined")),

@@ -135,6 +135,7 @@ class VerdictEvidence:
     memory_samples: str = "all samples"
     excluded_s_before_end: tuple[float, float] | None = None  # the samples a tracker distorted
     tracker_left_bytes: int | None = None
+    samples_after_tracker: int | None = None  # memory samples taken after the tracker stopped
     sites: tuple[SiteTrend, ...] = ()
     ended_at: float | None = None  # wall clock of the window's end
     memory_source: str = "rss"
@@ -188,6 +189,9 @@ def evidence_lines(diagnosis: Diagnosed, now: float | None = None) -> dict[int, 
     if ev.excluded_s_before_end is not None:
         first, last = ev.excluded_s_before_end
         verdict.append(f"left out while the tracker ran: {moment.span(first, last)}")
+        if ev.samples_after_tracker is not None and ev.samples_after_tracker < 2:
+            verdict.append("nothing was watched after the tracker stopped (it and the reading of its capture took the "
+                           "rest of the time): the memory trend rests on the samples before it")
     if diagnosis.instrument is not None and diagnosis.instrument.method is not None:
         verdict += instrument_lines(diagnosis.instrument)
     if ev.ended_at is not None:
