@@ -21,6 +21,7 @@ from typing import Protocol
 
 from gpuscope.core.attribution import Rung
 from gpuscope.core.leak import LeakAssessment
+from gpuscope.core.printable import printable_line
 from gpuscope.core.stacks import Suspect
 from gpuscope.core.units import (
     format_ago,
@@ -213,10 +214,10 @@ def evidence_lines(diagnosis: Diagnosed, now: float | None = None) -> dict[int, 
     if service is not None and service.kv_cache_usage is not None:
         lines[6].append(f"KV cache {service.kv_cache_usage:.0%} full")
     lines[6] += [_site_line(s) for s in ev.sites]
-    lines[7] += [f"{r.method}: {r.status} — {r.detail}" for r in ev.rungs]
+    lines[7] += [f"{r.method}: {r.status} — {printable_line(r.detail, 400)}" for r in ev.rungs]
     for i, s in enumerate(diagnosis.suspects[:5], start=1):
         held = format_size(s.bytes) if s.bytes is not None else "bytes unknown"
-        lines[7].append(f"suspect {i}: {s.function} ({s.file}:{s.line}) {s.share:.0%}, {held} [{s.method}]")
+        lines[7].append(f"suspect {i}: {_where(s.function, s.file, s.line)} {s.share:.0%}, {held} [{s.method}]")
     return {n: tuple(v) for n, v in lines.items()}
 
 
@@ -303,5 +304,10 @@ def _stage_line(st: StageChange) -> str:
 
 
 def _site_line(s: SiteTrend) -> str:
-    return (f"site {s.function} ({s.file}:{s.line}): {s.trend}, {format_speed(s.growth_bytes_per_s)}, "
+    return (f"site {_where(s.function, s.file, s.line)}: {s.trend}, {format_speed(s.growth_bytes_per_s)}, "
             f"{format_size(s.held_bytes)} held at the end")
+
+
+def _where(function: str, file: str, line: int) -> str:
+    """A code location from the process (its text is the process's): printable, bounded."""
+    return f"{printable_line(function, 80)} ({printable_line(file, 120)}:{line})"
