@@ -69,9 +69,6 @@ def rich_evidence(pid: int = 4242) -> Evidence:
 
 # -- the lines themselves ------------------------------------------------------------------------
 
-NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*[a-z]*\.py)")
-
-
 def _too_precise(line: str) -> list[str]:
     """Decimal numbers with more than three significant digits (a file's line number or a clock
     time is not a measurement)."""
