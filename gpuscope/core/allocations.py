@@ -503,12 +503,14 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
         else:
             window = (begun, time.time())
             came = tracked.cost.get("from")
+            cut = ("; its capture reached its size cap, so tracking stopped early (allocations after that were not kept)"
+                   if tracked.cost.get("cut_short") else "")
             if tracked.suspects:
                 also = f" (memray from {came})" if came and came != "the service's environment" else ""
                 rungs.append(Rung("memray", "used", f"{way}: {len(tracked.suspects)} allocation sites still holding "
-                                  f"memory{also}; sees {tracked.cost.get('sees')}"))
+                                  f"memory{also}; sees {tracked.cost.get('sees')}{cut}"))
                 return done(tracked.suspects, "memray", "high", tracked, window)
-            rungs.append(Rung("memray", "failed", f"{way}: no allocation made while tracking is still alive"))
+            rungs.append(Rung("memray", "failed", f"{way}: no allocation made while tracking is still alive{cut}"))
             ran.append(window)
             costs.append(tracked.cost)
             if tracked.sites:  # nothing held at the end, but what was held over time is evidence

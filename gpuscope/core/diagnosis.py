@@ -14,7 +14,17 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuscope.core.attribution import Attribution
+from gpuscope.core.attribution import Attribution, Site
+from gpuscope.core.evidence import (
+    InstrumentCost,
+    MemoryTrend,
+    ProcessGrowth,
+    ServiceNumbers,
+    SiteTrend,
+    StageChange,
+    VerdictEvidence,
+    evidence_lines,
+)
 from gpuscope.core.growth import floor_growth, theil_sen
 from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend
 from gpuscope.core.markdown import md_code, md_text
@@ -22,7 +32,7 @@ from gpuscope.core.model import ProcessRow
 from gpuscope.core.profiles import is_model_stage, model_stages
 from gpuscope.core.serving_model import FleetRow, ServingSnapshot
 from gpuscope.core.stacks import Suspect, stack_json
-from gpuscope.core.units import format_bytes, format_duration, format_rate
+from gpuscope.core.units import format_bytes, format_duration, format_rate, format_size
 
 SCHEMA = "gpuscope.diagnosis/1"
 OK, WARN, ALERT, SKIPPED = "ok", "warn", "alert", "skipped"
@@ -78,6 +88,7 @@ class Evidence:
     # When an allocation tracker ran inside the process, on the clock of `rss.times`: its own
     # memory is in the RSS samples taken meanwhile, which the memory trend leaves out.
     instrumented: tuple[tuple[float, float], ...] = ()
+    ended_at: float | None = None  # wall clock of time 0 on the clock of the series (the window's end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +118,8 @@ class Diagnosis:
     memory: LeakAssessment
     steps: tuple[Step, ...]
     suspects: tuple[Suspect, ...]
-    evidence: dict = field(default_factory=dict)  # which evidence decided, on which samples
-    instrument: dict = field(default_factory=dict)  # what the tracker inside the process cost
+    evidence: VerdictEvidence = VerdictEvidence()  # which evidence decided, on which samples, the numbers
+    instrument: InstrumentCost | None = None  # what the tracker inside the process cost
 
     def to_json(self) -> dict:
         """DESIGN.md's gpuscope.diagnosis/1 object (with "evidence" and "instrument" added)."""
@@ -128,13 +139,15 @@ class Diagnosis:
             },
             "steps": [s.to_json() for s in self.steps],
             "suspects": [s.to_json() for s in self.suspects],
-            "evidence": self.evidence,
-            "instrument": self.instrument,
+            "evidence": self.evidence.to_json(),
+            "instrument": self.instrument.to_json() if self.instrument is not None else {},
         }
 
-    def to_text(self) -> str:
-        """The report as Markdown; every text from the process or a recording escaped."""
+    def to_text(self, now: float | None = None) -> str:
+        """The report as Markdown; every text from the process or a recording escaped. `now`
+        (wall clock) dates the evidence's moments ("18 s ago")."""
         mark = {OK: "ok", WARN: "warn", ALERT: "ALERT", SKIPPED: "skipped"}
+        evidence = evidence_lines(self, now)
         lines = [
             f"# gpuscope diagnosis of PID {self.pid}",
             "",
@@ -142,19 +155,16 @@ class Diagnosis:
             f"verdict: **{md_text(self.verdict)}** ({md_text(self.pattern)}), {md_text(self.memory_source)} memory "
             f"{format_bytes(self.memory.start_bytes)} -> {format_bytes(self.memory.end_bytes)} over {self.duration_s:.0f} s, "
             f"{format_rate(self.memory.growth_bytes_per_s, na='-')} MB/s",
+            "",
+            *(f"- {md_text(line)}" for line in evidence[0]),
+            "",
         ]
-        if self.evidence:
-            lines.append(f"decided by: {md_text(self.evidence.get('decided_by', '?'))} "
-                         f"(confidence {self.evidence.get('confidence', 0):.0%}); "
-                         f"memory judged on {md_text(self.evidence.get('memory_samples', 'all samples'))}")
-        if self.instrument.get("method"):
-            lines.append(f"instrument: {md_text(_instrument_text(self.instrument))}")
-        lines.append("")
         for step in self.steps:
             lines.append(f"## {step.number}. {md_text(step.title)} [{mark.get(step.status, '?')}]")
             lines.append(md_text(step.finding, line_start=True))
             if step.next:
                 lines.append(f"next: {md_text(step.next)}")
+            lines += [f"- {md_text(line)}" for line in evidence.get(step.number, ())]
             lines.append("")
         if self.suspects:
             lines.append("## Suspects")
@@ -165,19 +175,6 @@ class Diagnosis:
         return "\n".join(lines).rstrip() + "\n"
 
 
-def _instrument_text(cost: dict) -> str:
-    parts = [f"{cost['method']} tracked for {cost.get('seconds') or 0:.0f} s"]
-    if cost.get("from") and cost["from"] != "the service's environment":
-        parts.append(f"loaded from {cost['from']}")
-    if cost.get("added_bytes") is not None:
-        parts.append(f"added {format_bytes(cost['added_bytes'])} to the RSS while tracking")
-    if cost.get("left_bytes") is not None:
-        parts.append(f"{format_bytes(cost['left_bytes'])} still there after")
-    if cost.get("sees"):
-        parts.append(f"sees {cost['sees']}")
-    return "; ".join(parts)
-
-
 def _int(v: float | None) -> int | None:
     return None if v is None or math.isnan(v) else int(v)
 
@@ -186,9 +183,12 @@ def _round(v: float | None) -> float | None:
     return None if v is None or math.isnan(v) else round(v, 1)
 
 
-def _assess(series: Series | None, thresholds: LeakThresholds, total: float | None = None, **torch) -> LeakAssessment | None:
+def _assess(series: Series | None, thresholds: LeakThresholds, total: float | None = None, *,
+            allocated: Series | None = None, reserved: Series | None = None) -> LeakAssessment | None:
     if series is None or len(series.known()) < 2:
         return None
+    torch = ({"allocated": allocated.values, "reserved": reserved.values}
+             if allocated is not None and reserved is not None else {})
     return assess(series.times, series.values, thresholds=thresholds, total_bytes=total, **torch)
 
 
@@ -215,7 +215,7 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
     pre = [(t, v) for t, v in zip(series.times, series.values) if v is not None and not math.isnan(v) and t < start]
     post = [(t, v) for t, v in zip(series.times, series.values) if v is not None and not math.isnan(v) and t > end]
     note: dict = {"memory_samples": f"{len(pre)} samples before the tracker ran and {len(post)} after it stopped",
-                  "excluded_s": [round(start, 1), round(end, 1)]}
+                  "excluded_s": [round(start, 1), round(end, 1)], "samples_after": len(post)}
     if len(pre) < 2 or len(post) < 2:
         kept = pre + post
         return Series(tuple(t for t, _ in kept), tuple(v for _, v in kept)), note
@@ -231,8 +231,9 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
     left = max(0.0, level(1) - level(0))  # above the trend line on the real clock: the tracker's
     joined = max(0.0, level(1, hole) - level(0))  # above it once joined: the hole's growth too
     note["tracker_left_bytes"] = int(left)
-    if left > 0:
-        note["memory_samples"] += f" (the {format_bytes(left)} the tracker left in the RSS taken out)"
+    note["joined"] = (pre[-1][0], hole)  # later than this on the joined clock: `hole` seconds later really
+    if int(left) > 0:
+        note["memory_samples"] += f" (the {format_size(left)} the tracker left in the RSS taken out)"
     times = [t for t, _ in pre] + [t - hole for t, _ in post]
     values = [v for _, v in pre] + [v - joined for _, v in post]
     return Series(tuple(times), tuple(values)), note
@@ -251,7 +252,7 @@ def _floors_of(samples: list[tuple[float, float]], width_s: float = 4.0) -> list
     return [slices[k] for k in sorted(slices)]
 
 
-def site_trends(att: Attribution | None, thresholds: LeakThresholds) -> list[tuple[object, HeldTrend]]:
+def site_trends(att: Attribution | None, thresholds: LeakThresholds) -> list[tuple[Site, HeldTrend]]:
     """Each tracked site's held-bytes trend, rising sites first (fastest first)."""
     if att is None or not att.times or not att.sites:
         return []
@@ -306,20 +307,39 @@ def _signal_change(start: ServingSnapshot | None, end: ServingSnapshot, name: st
     return first, end.signals.get(name)
 
 
-def step_throughput(ev: Evidence) -> Step:
+def service_numbers(ev: Evidence) -> ServiceNumbers | None:
+    """The service's signals at the start and the end of the window (None: no answer at all)."""
+    end = ev.serving_end
+    if end is None or (not end.ok and end.as_of is None):
+        return None
+    start = {st.name: st for st in ev.serving_start.stages} if ev.serving_start else {}
+    s = end.signals
+    p95, ttft, tps = (_signal_change(ev.serving_start, end, name)
+                      for name in ("e2e_latency_p95_s", "ttft_p95_s", "tokens_per_s"))
+    return ServiceNumbers(
+        profile=end.profile, p95_start_s=p95[0], p95_end_s=p95[1], ttft_p95_start_s=ttft[0], ttft_p95_end_s=ttft[1],
+        tokens_per_s_start=tps[0], tokens_per_s_end=tps[1],
+        tokens_per_request=s.tokens_per_s / s.requests_per_s if s.tokens_per_s and s.requests_per_s else None,
+        kv_cache_usage=s.kv_cache_usage,
+        stages=tuple(StageChange(st.name, start[st.name].p95_s if st.name in start else None, st.p95_s, st.share)
+                     for st in end.stages))
+
+
+def step_throughput(ev: Evidence, service: ServiceNumbers | None = None) -> Step:
     title = TITLES[2]
     end = ev.serving_end
     if end is None:
         return Step(3, title, SKIPPED, "skipped: no metrics source (give --metrics-url or --prometheus).")
     if not end.ok and end.as_of is None:
         return Step(3, title, SKIPPED, f"skipped: the metrics source did not answer ({end.state}).")
-    s = end.signals
-    per_request = s.tokens_per_s / s.requests_per_s if s.tokens_per_s and s.requests_per_s else None
-    p95_then, p95_now = _signal_change(ev.serving_start, end, "e2e_latency_p95_s")
-    ttft_then, ttft_now = _signal_change(ev.serving_start, end, "ttft_p95_s")
-    tps_then, tps_now = _signal_change(ev.serving_start, end, "tokens_per_s")
+    n = service or service_numbers(ev)
+    assert n is not None  # the source answered
+    per_request = n.tokens_per_request
+    p95_then, p95_now = n.p95_start_s, n.p95_end_s
+    ttft_then, ttft_now = n.ttft_p95_start_s, n.ttft_p95_end_s
+    tps_then, tps_now = n.tokens_per_s_start, n.tokens_per_s_end
     evidence = {
-        "profile": end.profile, "signals": s.to_json(), "tokens_per_request": per_request,
+        "profile": end.profile, "signals": end.signals.to_json(), "tokens_per_request": per_request,
         "p95_start_s": p95_then, "ttft_p95_start_s": ttft_then, "tokens_per_s_start": tps_then,
     }
     worse = []
@@ -339,16 +359,22 @@ def step_throughput(ev: Evidence) -> Step:
     return Step(3, title, OK, f"The service holds steady over the window: {summary}.", evidence=evidence)
 
 
-def step_locate(ev: Evidence, memory: LeakAssessment | None, source: str) -> Step:
+def growth_ranking(ev: Evidence, source: str) -> list[tuple[int, float]]:
+    """(PID, growth) of the five fastest-growing processes: on the process's GPU, or on the host."""
+    device = ev.device.index if ev.device else None
+    growth: dict[int, float | None]
+    if source == "gpu":
+        growth = {r.pid: r.gpu_growth_bytes_per_s for r in ev.processes if r.gpu == device}
+    else:
+        growth = {r.pid: r.rss_growth_bytes_per_s for r in {r.pid: r for r in ev.processes}.values()}
+    return sorted(((pid, g) for pid, g in growth.items() if g is not None), key=lambda x: -x[1])[:5]
+
+
+def step_locate(ev: Evidence, memory: LeakAssessment | None, source: str,
+                ranking: list[tuple[int, float]] | None = None) -> Step:
     title = TITLES[3]
     device = ev.device.index if ev.device else None
-    if source == "gpu":
-        rows = [r for r in ev.processes if r.gpu == device]
-        growth = {r.pid: r.gpu_growth_bytes_per_s for r in rows}
-    else:
-        rows = list({r.pid: r for r in ev.processes}.values())
-        growth = {r.pid: r.rss_growth_bytes_per_s for r in rows}
-    ranking = sorted(((pid, g) for pid, g in growth.items() if g is not None), key=lambda x: -x[1])[:5]
+    ranking = growth_ranking(ev, source) if ranking is None else ranking
     evidence: dict = {"ranking": [{"pid": pid, "growth_bytes_per_s": round(g, 1)} for pid, g in ranking]}
     fleet = ev.serving_end.fleet if ev.serving_end else ()
     if fleet:
@@ -373,7 +399,7 @@ def _fleet_json(row: FleetRow) -> dict:
             "used_mib": row.used_mib, "growth_mib_per_s": row.growth_mib_per_s}
 
 
-def step_backpressure(ev: Evidence) -> Step:
+def step_backpressure(ev: Evidence, service: ServiceNumbers | None = None) -> Step:
     title = TITLES[4]
     end = ev.serving_end
     if end is None:
@@ -381,13 +407,14 @@ def step_backpressure(ev: Evidence) -> Step:
     if not end.stages:
         return Step(5, title, SKIPPED, f"skipped: the service ({end.profile or 'unknown profile'}) exports no stage latencies.")
     start = {st.name: st for st in ev.serving_start.stages} if ev.serving_start else {}
-    evidence = {"stages": {st.name: st.to_json() for st in end.stages},
+    evidence: dict = {"stages": {st.name: st.to_json() for st in end.stages},
                 "stages_start": {name: st.to_json() for name, st in start.items()}}
     slowing = []
-    for st in end.stages:
-        before = start.get(st.name)
-        if before and before.p95_s and st.p95_s and st.p95_s > DEGRADED * before.p95_s:
-            slowing.append(f"{st.name} P95 {before.p95_s * 1000:.0f}→{st.p95_s * 1000:.0f} ms")
+    n = service or service_numbers(ev)
+    for change in n.stages if n is not None else ():
+        then, now = change.p95_start_s, change.p95_end_s
+        if then and now and now > DEGRADED * then:
+            slowing.append(f"{change.name} P95 {then * 1000:.0f}→{now * 1000:.0f} ms")
     busiest = max(end.stages, key=lambda st: st.share or 0.0)
     # The model's own stages (vLLM's prefill/decode, TGI's inference, the RAG pipeline's llm)
     # taking the time is a service at work, not backpressure.
@@ -406,7 +433,7 @@ def step_classify(ev: Evidence, memory: LeakAssessment | None, source: str) -> t
     title = TITLES[5]
     if memory is None:
         return Step(6, title, SKIPPED, "skipped: too little memory data to classify."), "inconclusive", "insufficient-data"
-    evidence = {"source": source, "assessment": memory.to_json()}
+    evidence: dict = {"source": source, "assessment": memory.to_json()}
     kv = ev.serving_end.signals.kv_cache_usage if ev.serving_end else None
     if kv is not None:
         evidence["kv_cache_usage"] = kv
@@ -457,7 +484,7 @@ def step_code_path(ev: Evidence, verdict: str, suspects: tuple[Suspect, ...] | N
                 f"Read {top.file}:{top.line}: what keeps what it allocates?", evidence)
 
 
-def _ranked_suspects(att: Attribution | None, rising: list) -> tuple[Suspect, ...]:
+def _ranked_suspects(att: Attribution | None, rising: list[tuple[Site, HeldTrend]]) -> tuple[Suspect, ...]:
     """The tracker's suspects, the sites whose held bytes kept rising first (fastest first): what
     is still held at the end may be a large temporary caught alive; what keeps rising is not."""
     if att is None:
@@ -468,18 +495,40 @@ def _ranked_suspects(att: Attribution | None, rising: list) -> tuple[Suspect, ..
     return tuple(sorted(att.suspects, key=lambda s: order.get((s.function, s.file, s.line), len(order))))
 
 
-def _instrument(att: Attribution | None, note: dict) -> dict:
+def _instrument(att: Attribution | None, note: dict) -> InstrumentCost | None:
     if att is None or att.window is None:
-        return {}
-    cost = dict(att.cost)
-    before, tracking, after = cost.pop("rss_before", None), cost.pop("rss_tracking", None), cost.pop("rss_after", None)
+        return None
+    cost = att.cost
+    before, tracking, after = (_whole(cost.get(k)) for k in ("rss_before", "rss_tracking", "rss_after"))
     trackers = [r.method for r in att.rungs if r.status != "skipped" and r.method != "stack-sampling"]
     method = att.method if att.method in trackers else ", ".join(trackers) or None
-    return {"method": method,
-            "seconds": round(att.window[1] - att.window[0], 1), **cost,
-            "rss_before": before, "rss_tracking": tracking, "rss_after": after,
-            "added_bytes": tracking - before if tracking is not None and before is not None else None,
-            "left_bytes": note.get("tracker_left_bytes")}
+    seconds = cost.get("seconds")  # the tracker's own measure, else the window it ran in
+    return InstrumentCost(
+        method=method,
+        seconds=float(seconds) if isinstance(seconds, (int, float)) else round(att.window[1] - att.window[0], 1),
+        loaded_from=cost.get("from"), sees=cost.get("sees"), cut_short=bool(cost.get("cut_short")),
+        rss_before=before, rss_tracking=tracking, rss_after=after,
+        added_bytes=tracking - before if tracking is not None and before is not None else None,
+        left_bytes=note.get("tracker_left_bytes"))
+
+
+def _whole(v: object) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _trend(what: str, a: LeakAssessment | None, total: float | None = None,
+           joined: tuple[float, float] | None = None) -> MemoryTrend | None:
+    """A series' assessment with its moments as seconds before the window's end (time 0 of the
+    evidence's clock); `joined`: the series had a hole taken out (`uninstrumented`)."""
+    if a is None:
+        return None
+    since = a.since
+    if since is not None and joined is not None and since > joined[0]:
+        since += joined[1]  # back on the real clock
+    began = None if since is None or math.isnan(since) else max(0.0, -since)
+    return MemoryTrend(what=what, pattern=a.pattern, start_bytes=a.start_bytes, end_bytes=a.end_bytes,
+                       total_bytes=total, growth_bytes_per_s=a.growth_bytes_per_s, began_s_before_end=began,
+                       time_to_full_s=a.time_to_full_s, samples=a.samples, span_s=a.span_s)
 
 
 def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Diagnosis:
@@ -489,13 +538,10 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     bytes per allocation site, where a tracker read them over time, are evidence of their own: a
     site whose held bytes rise steadily to the end is a leak even where RSS is flat (the allocator
     reuses freed heap, which hides a slow leak from RSS for minutes)."""
-    device_step, _ = step_device(ev, thresholds)
+    device_step, device_assessment = step_device(ev, thresholds)
     gpu_assessment = None
-    torch = {}
-    if ev.allocated is not None and ev.reserved is not None:
-        torch = {"allocated": ev.allocated.values, "reserved": ev.reserved.values}
     if ev.gpu is not None and ev.gpu.known():
-        gpu_assessment = _assess(ev.gpu, thresholds, **torch)
+        gpu_assessment = _assess(ev.gpu, thresholds, allocated=ev.allocated, reserved=ev.reserved)
     rss, note = uninstrumented(ev.rss, ev.instrumented)
     host_step, rss_assessment = step_host(replace(ev, rss=rss), thresholds, gpu_assessment)
     if rss_assessment is not None and rss_assessment.growth_bytes_per_s is None and len(rss.known()) >= 4:
@@ -508,32 +554,46 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     trends = site_trends(ev.attribution, thresholds)
     rising = [(site, t) for site, t in trends if t.kind == "rising"]
     classify_step, verdict, pattern = step_classify(ev, memory, source)
-    decided = {"decided_by": "memory trend", "confidence": round(memory.confidence, 2) if memory else 0.0, **note}
-    if trends:
-        decided["sites"] = [{"function": site.function, "file": site.file, "line": site.line, "trend": t.kind,
-                             "growth_bytes_per_s": round(t.growth_bytes_per_s, 1), "held_bytes": site.held[-1]}
-                            for site, t in trends[:5]]
+    sites = tuple(SiteTrend(site.function, site.file, site.line, t.kind, t.growth_bytes_per_s, site.held[-1])
+                  for site, t in trends[:5])
+    decided_by, confidence = "memory trend", round(memory.confidence, 2) if memory else 0.0
     if rising and verdict == "leak":
-        decided["decided_by"] = "both"
+        decided_by = "both"
     elif rising and pattern not in ("cache-growth", "kv-cache-fill"):
         site, t = rising[0]
         verdict, pattern = "leak", "steady-growth"
-        decided.update(decided_by="allocation sites", confidence=round(t.confidence, 2))
+        decided_by, confidence = "allocation sites", round(t.confidence, 2)
         classify_step = Step(6, TITLES[5], ALERT,
                              f"A leak by its allocation sites: {site.function}'s {t.reason}, while the "
                              f"{source.upper() if source == 'gpu' else 'RSS'} trend reads "
                              f"{memory.pattern if memory else 'nothing'} (confidence {t.confidence:.0%}).",
-                             "Find the code path (step 7).", {**classify_step.evidence, "site": decided["sites"][0]})
+                             "Find the code path (step 7).", {**classify_step.evidence, "site": sites[0].to_json()})
     elif trends and verdict != "leak" and any(t.kind == "levelled" for _, t in trends):
-        decided["decided_by"] = "both"  # the tracker saw a cache fill to its bound
+        decided_by = "both"  # the tracker saw a cache fill to its bound
+    ranking = growth_ranking(ev, source)
+    suspects = _ranked_suspects(ev.attribution, rising)
+    service = service_numbers(ev)
     steps = (
         device_step,
         host_step,
-        step_throughput(ev),
-        step_locate(ev, memory, source),
-        step_backpressure(ev),
+        step_throughput(ev, service),
+        step_locate(ev, memory, source, ranking),
+        step_backpressure(ev, service),
         classify_step,
-        step_code_path(ev, verdict, _ranked_suspects(ev.attribution, rising)),
+        step_code_path(ev, verdict, suspects),
+    )
+    excluded = note.get("excluded_s")
+    device = ev.device
+    evidence = VerdictEvidence(
+        decided_by=decided_by, confidence=confidence, memory_samples=note["memory_samples"],
+        excluded_s_before_end=(max(0.0, -excluded[0]), max(0.0, -excluded[1])) if excluded else None,
+        tracker_left_bytes=note.get("tracker_left_bytes"), samples_after_tracker=note.get("samples_after"), sites=sites, ended_at=ev.ended_at, memory_source=source,
+        device=_trend(f"GPU{device.index} ({device.name})", device_assessment, device.total_bytes)
+        if device is not None else None,
+        host=_trend("RSS", rss_assessment, joined=note.get("joined")),
+        service=service,
+        ranking=tuple(ProcessGrowth(pid, g) for pid, g in ranking),
+        rungs=ev.attribution.rungs if ev.attribution is not None else (),
     )
     empty = LeakAssessment("inconclusive", "insufficient-data", None, 0.0, None, None, None, None, 0, 0.0, "no data")
     return Diagnosis(
@@ -545,7 +605,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         memory_source=source,
         memory=memory or empty,
         steps=steps,
-        suspects=_ranked_suspects(ev.attribution, rising),
-        evidence=decided,
+        suspects=suspects,
+        evidence=evidence,
         instrument=_instrument(ev.attribution, note),
     )

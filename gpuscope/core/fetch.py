@@ -37,6 +37,7 @@ from urllib.parse import SplitResult, unquote, urljoin, urlsplit, urlunsplit
 from gpuscope.core.printable import printable_line
 from gpuscope.core.redact import MASK, redact_text
 from gpuscope.core.serving_model import SourceError
+from gpuscope.core.units import format_limit
 
 MAX_REDIRECTS = 5
 MAX_ERROR_BYTES = 64 << 10  # of an answer that is not a success: enough for its message
@@ -295,7 +296,7 @@ def _read_body(
     """The decompressed body: at most `max_bytes` (FetchError past it) of a success, the first
     MAX_ERROR_BYTES of anything else."""
     limit = max_bytes if ok else min(max_bytes, MAX_ERROR_BYTES)
-    too_big = FetchError(f"{where} sent more than {_size(max_bytes)}: refused", unreachable=False)
+    too_big = FetchError(f"{where} sent more than {format_limit(max_bytes)}: refused", unreachable=False)
     length = headers.get("content-length", "")
     if ok and length.isdigit() and int(length) > max_bytes:
         raise too_big  # said up front: not a byte of it read
@@ -313,7 +314,7 @@ def _read_body(
         if len(body) > limit:  # (uncompressed, only an error answer gets here: its limit is lower)
             if not ok:
                 return bytes(body[:limit])  # the start of an error answer is enough
-            raise FetchError(f"{where} sent more than {_size(max_bytes)} once decompressed: refused", unreachable=False)
+            raise FetchError(f"{where} sent more than {format_limit(max_bytes)} once decompressed: refused", unreachable=False)
     # http.client ends a body cut short without a word (IncompleteRead only for a chunked one),
     # and so a body cut short by the deadline
     if deadline.expired:
@@ -364,10 +365,6 @@ def _inflater(encoding: str | None, where: str) -> _Inflater | None:
     raise FetchError(
         f"{where} sent a body encoded as '{printable_line(encoding, 40)}', which gpuscope did not ask for", unreachable=False
     )
-
-
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 def _origin(parts: SplitResult) -> tuple[str, str, int]:

@@ -414,4 +414,4 @@ def remote_diagnosis(evidence: Evidence, node: str, *, thresholds: LeakThreshold
         why = "skipped: Prometheus holds no serving metrics of a known server (pick the service with --job, --instance)."
         restated.update({n: Step(n, TITLES[n - 1], "skipped", why) for n in (3, 5)})
     steps = tuple(restated.get(s.number, s) for s in diagnosis.steps)
-    return replace(diagnosis, steps=steps, evidence={**diagnosis.evidence, "from": "prometheus", "node": node})
+    return replace(diagnosis, steps=steps, evidence=replace(diagnosis.evidence, prometheus_node=node))

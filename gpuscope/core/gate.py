@@ -363,7 +363,7 @@ def judge(run: CheckRun, baseline: Baseline | None, tolerance_pct: float = DEFAU
         if b is not None and b.per_round is not None:
             base_growth[series] = b
         if not compare:
-            criteria.append(Criterion(f"{series}-growth", None, f"{label(series)} floor grew {_signed(g.per_round)} "
+            criteria.append(Criterion(f"{series}-growth", None, f"{label(series)} floor grew {format_bytes(g.per_round, sign=True)} "
                                       "per round: recorded for the baseline, not judged"))
             continue
         criterion, allowed, expected = _growth_criterion(series, g, b if b and b.per_round is not None else None,
@@ -377,8 +377,8 @@ def judge(run: CheckRun, baseline: Baseline | None, tolerance_pct: float = DEFAU
                 before, now = previous.get(r.number - 1), r.floor(series)
                 if before is not None and now is not None and now - before > expected + allowed:
                     round_failures.setdefault(
-                        r.number, f"{label(series)} floor grew {_size(now - before)} in this round "
-                                  f"(allowed {_size(expected + allowed)})")
+                        r.number, f"{label(series)} floor grew {format_bytes(now - before)} in this round "
+                                  f"(allowed {format_bytes(expected + allowed)})")
     criteria.append(_leak_criterion(run))
     sites = grown_sites(run.rounds, baseline.rounds if baseline is not None else ())
     passed = all(c.passed is not False for c in criteria)
@@ -413,14 +413,14 @@ def _growth_criterion(series: str, g: Growth, b: Growth | None, tolerance: float
     if b is None:
         against = "no baseline: compared with no growth"
     elif expected != max(0.0, b.per_round or 0.0):
-        against = f"baseline {_signed(b.per_round)}/round, {_signed(expected)} at this run's requests per round"
+        against = f"baseline {format_bytes(b.per_round, sign=True)}/round, {format_bytes(expected, sign=True)} at this run's requests per round"
     else:
-        against = f"baseline {_signed(b.per_round)}/round"
-    why_allowed = (f"{tolerance_pct:g}% of {_size(reference)}" if allowed == share
-                   else f"{NOISE_FACTOR:g} x the rounds' noise of {_size(noise)}")
-    per_request = f", {_signed(g.per_request)} per request" if g.per_request is not None else ""
-    message = (f"{label(series)} floor grew {_signed(g.per_round)} per round{per_request} "
-               f"({against}; allowed {_signed(limit)}: {why_allowed})")
+        against = f"baseline {format_bytes(b.per_round, sign=True)}/round"
+    why_allowed = (f"{tolerance_pct:g}% of {format_bytes(reference)}" if allowed == share
+                   else f"{NOISE_FACTOR:g} x the rounds' noise of {format_bytes(noise)}")
+    per_request = f", {format_bytes(g.per_request, sign=True)} per request" if g.per_request is not None else ""
+    message = (f"{label(series)} floor grew {format_bytes(g.per_round, sign=True)} per round{per_request} "
+               f"({against}; allowed {format_bytes(limit, sign=True)}: {why_allowed})")
     return Criterion(name, g.per_round <= limit, message, figures), allowed, expected
 
 
@@ -494,17 +494,6 @@ def _series_order(item: tuple[str, object]) -> tuple[int, int, str]:
     if name.startswith("gpu") and name[3:].isdigit():
         return (1, int(name[3:]), name)
     return (2, 0, name)
-
-
-def _size(n: float | None) -> str:
-    return format_bytes(n)
-
-
-def _signed(n: float | None) -> str:
-    if n is None:
-        return "N/A"
-    size = _size(n)
-    return size if n < 0 else f"+{size}"
 
 
 def _median(xs: Sequence[float]) -> float:

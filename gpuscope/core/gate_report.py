@@ -8,7 +8,6 @@ a terminal, a table cell or XML.
 
 from __future__ import annotations
 
-import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -98,7 +97,7 @@ def to_text(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
         out.append(f"{c.status.upper():7} {c.name:{width}}  {printable(c.message)}")
     if verdict.sites and not verdict.passed:
         out += ["", f"Sites that grew ({SITES_HEADING}):"]
-        out += [f"  {_signed(g.excess)}/round  {printable(g.site.function)}  {printable(g.site.where)}"
+        out += [f"  {format_bytes(g.excess, sign=True, na='—')}/round  {printable(g.site.function)}  {printable(g.site.where)}"
                 f"{'' if not baseline else f'  (baseline {format_bytes(g.baseline_per_round)}/round)'}"
                 for g in verdict.sites]
     notes = list(_notes(run))
@@ -122,9 +121,9 @@ def _rows(run: CheckRun, verdict: Verdict) -> list[list[str]]:
         for s in series:
             floor = r.floor(s) if r.completed else None
             growth = _delta(previous.get(s), floor) if r.number > 0 else None
-            row += [format_bytes(floor, na="—"), _signed(growth)]
+            row += [format_bytes(floor, na="—"), format_bytes(growth, sign=True, na='—')]
             if s == series[0] and growth is not None and r.requests:
-                per_request = _signed(growth / r.requests)
+                per_request = format_bytes(growth / r.requests, sign=True, na='—')
         row += ["—" if r.requests is None else str(r.requests), per_request,
                 "—" if r.p95_s is None else f"{r.p95_s:.3f} s"]
         if not r.completed:
@@ -168,7 +167,7 @@ def to_junit(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
         if c.passed is False:
             detail = c.message
             if c.name.endswith("-growth") or c.name == "leak":
-                detail += "".join(f"\n{_signed(g.excess)}/round  {g.site.function}  {g.site.where}" for g in verdict.sites)
+                detail += "".join(f"\n{format_bytes(g.excess, sign=True, na='—')}/round  {g.site.function}  {g.site.where}" for g in verdict.sites)
             _child(case, "failure", c.message, type="gate", text=detail)
         elif c.passed is None:
             _child(case, "skipped", c.message)
@@ -247,7 +246,7 @@ def to_markdown(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> s
     if verdict.sites and not verdict.passed:
         out += ["### Sites that grew", "", f"Memory {SITES_HEADING}, per round:", "",
                 "| function | where | per round | baseline |", "|---|---|---|---|"]
-        out += [f"| `{_code(g.site.function)}` | `{_code(g.site.where)}` | {_signed(g.excess)} | "
+        out += [f"| `{_code(g.site.function)}` | `{_code(g.site.where)}` | {format_bytes(g.excess, sign=True, na='—')} | "
                 f"{format_bytes(g.baseline_per_round)} |" for g in verdict.sites]
         out.append("")
     charts = _charts(run)
@@ -324,12 +323,6 @@ def _notes(run: CheckRun) -> Sequence[str]:
 
 def _delta(before: int | None, now: int | None) -> int | None:
     return None if before is None or now is None else now - before
-
-
-def _signed(n: float | None) -> str:
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "—"
-    return format_bytes(n) if n < 0 else f"+{format_bytes(n)}"
 
 
 def _int(x: float | None) -> int | None:

@@ -61,7 +61,7 @@ def investigate(
     def memory(p: int) -> float | None:
         # Weight stack samples by the memory that matters: the process's GPU memory if it has any.
         rows = [r for r in (frames[-1].processes if frames else ()) if r.pid == p and r.gpu_memory_bytes is not None]
-        return float(sum(r.gpu_memory_bytes for r in rows)) if rows else allocations.rss_of(p)
+        return float(sum(r.gpu_memory_bytes or 0 for r in rows)) if rows else allocations.rss_of(p)
 
     before, track = schedule(duration) if use_memray else (0.0, duration)
     attribution: list = []
@@ -97,7 +97,7 @@ def investigate(
     ok = [s for s in snapshots if s.ok]
     evidence = node.evidence(pid, time.monotonic() - started + HISTORY_MARGIN_S)
     att = attribution[0] if attribution else None
-    instrumented = ()
+    instrumented: tuple[tuple[float, float], ...] = ()
     if att is not None and att.window is not None and frames:
         now = frames[-1].time
         instrumented = ((att.window[0] - now, att.window[1] - now),)

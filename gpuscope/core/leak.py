@@ -43,6 +43,7 @@ Pure Python; no numpy. Sizes are bytes; rates bytes per second; the texts read t
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import deque
@@ -292,7 +293,7 @@ class FloorSketch:
     def span_s(self) -> float:
         """Seconds from the oldest sample held to the latest."""
         b = self._oldest()
-        return self._last_t - b.t_first if b is not None else 0.0
+        return self._last_t - b.t_first if b is not None and self._last_t is not None else 0.0
 
     @property
     def last_value(self) -> float | None:
@@ -443,7 +444,7 @@ def _judge(sketch: FloorSketch, th: LeakThresholds,
         if whole:
             buckets = list(sketch.buckets())
         else:
-            t_end = sketch.last_time
+            t_end = sketch.last_time or 0.0  # horizons exist only for a sketch with samples
             buckets = sketch.recent(t_end - h - 1e-9 * max(1.0, abs(t_end)))
         return _analyse(buckets, h, th, sketch.ref, noise[0], sketch.origin)
 
@@ -453,7 +454,7 @@ def _judge(sketch: FloorSketch, th: LeakThresholds,
         if cache is None:
             views.append(compute(h, whole))
         else:
-            views.append(cache(-1 if whole else i, h, lambda h=h, whole=whole: compute(h, whole)))
+            views.append(cache(-1 if whole else i, h, functools.partial(compute, h, whole)))
     return _combine(views) if views else None
 
 
@@ -733,15 +734,15 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
             if abs(jump) < swing / 2:
                 continue  # within the swings of a sawtooth
             stepped = _step_time(buckets, points[k - 1][0], base + sums.mean(0, k) + jump / 2, jump > 0)
-            b, rise = trend(k, m)
+            rate, rise = trend(k, m)
             if m - k >= 3 and rise > tol:
                 return growth(k, stepped, f"after a {format_size(jump, sign=True)} step, ")
             if jump > 0:
                 return settled(k, stepped, stepped, jump, step=True)
-            return falling(b, jump)
+            return falling(rate, jump)
         if name == "onset":
-            b, rise = trend(k, m)
-            if rise > tol and b > 0:
+            rate, rise = trend(k, m)
+            if rise > tol and rate > 0:
                 flat_level = sums.mean(0, k)
                 jump = sums.at(k, m, xs[k]) - flat_level
                 began = _step_time(buckets, points[k - 1][0], base + flat_level + max(tol, jump / 2), True)
@@ -800,7 +801,7 @@ def _finish(chosen: _View | None, sketch: FloorSketch, total_bytes: float | None
     a = chosen.assessment
     ttf = None
     if total_bytes is not None and a.pattern == GROWING and a.growth_bytes_per_s and a.growth_bytes_per_s > 0:
-        high = max(chosen.peak, sketch.last_value)
+        high = max(chosen.peak, sketch.last_value if sketch.last_value is not None else chosen.peak)
         ttf = max(total_bytes - high, 0.0) / a.growth_bytes_per_s
         if a.verdict == "leak":
             a = replace(a, reason=f"{a.reason}; full in {format_duration(ttf)} at this rate")
@@ -1107,7 +1108,7 @@ class LeakWatch:
                 young = a.since is not None and now - a.since < 3 * self.thresholds.fast_duration_s
                 if young and now - s.pending[0] < self.confirm_s:
                     a = replace(a, verdict="inconclusive", reason=f"{a.reason}; confirming")
-            if raised and a.verdict == "inconclusive":
+            if raised and previous is not None and a.verdict == "inconclusive":
                 # Hysteresis: a raised alert is held while the readings are inconclusive (the rate
                 # dipping under the alert rate, a jump too recent to judge), rather than flickering;
                 # it clears on "no-leak". Held, it keeps its figures and says what is read now.
@@ -1127,7 +1128,7 @@ class LeakWatch:
     def alerts(self) -> list[LeakAlert]:
         """The series called a leak now: live ones first, then ended ones; fastest growth first in each."""
         newest = self._newest_fed()
-        out = [LeakAlert(k, s.assessment, s.raised_at, ended=s.fed_at is not None and s.fed_at < newest)
+        out = [LeakAlert(k, s.assessment, s.raised_at, ended=s.fed_at is not None and newest is not None and s.fed_at < newest)
                for k, s in self._series.items()
                if s.assessment is not None and s.assessment.verdict == "leak" and s.raised_at is not None]
         out.sort(key=lambda a: (a.ended, -a.growth_bytes_per_s))

@@ -167,8 +167,9 @@ class Alert:
         """The process to diagnose: the alert's own, or for a filling GPU its fastest grower."""
         if self.pid is not None:
             return self.pid
-        rows = [r for r in processes if r.gpu == self.device and r.gpu_growth_bytes_per_s is not None]
-        return max(rows, key=lambda r: r.gpu_growth_bytes_per_s).pid if rows else None
+        rows = [(r.gpu_growth_bytes_per_s, r.pid) for r in processes
+                if r.gpu == self.device and r.gpu_growth_bytes_per_s is not None]
+        return max(rows, key=lambda row: row[0])[1] if rows else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -428,6 +428,7 @@ def evidence_of(
         processes=rows,
         nvml_status=frame.nvml.status if frame else None,
         exited=bool(focus and focus.exited) or (row is None and series is not None),
+        ended_at=now,
     )
 
 

@@ -11,18 +11,29 @@ alert bar, the rules and the diagnosis.
 from __future__ import annotations
 
 import math
+import time
 
 _UNITS = (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
 
 
-def format_bytes(n: float | None, *, na: str = "N/A") -> str:
-    """1536 -> '1.5K', 3.2e9 -> '3.0G'; None or NaN -> 'N/A' (unknown is never shown as 0)."""
+def format_bytes(n: float | None, *, sign: bool = False, na: str = "N/A") -> str:
+    """1536 -> '1.5K', 3.2e9 -> '3.0G'; None or NaN -> 'N/A' (unknown is never shown as 0);
+    `sign`: '+1.5K' (a change)."""
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return na
+    plus = "+" if sign and n >= 0 else ""
     for unit, size in _UNITS:
         if abs(n) >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{int(n)}B"
+            return f"{plus}{n / size:.1f}{unit}"
+    return f"{plus}{int(n)}B"
+
+
+def format_limit(n: int) -> str:
+    """A limit, a round number of binary units: '256 MiB', '64 KiB', '1 GiB' (rounded down)."""
+    for unit, size in _UNITS:
+        if n >= size:
+            return f"{n // size} {unit}iB"
+    return f"{n} B"
 
 
 def format_size(n: float | None, *, sign: bool = False, na: str = "N/A") -> str:
@@ -68,3 +79,29 @@ def format_duration(seconds: float | None, *, na: str = "?") -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def format_latency(seconds: float | None, *, na: str = "-") -> str:
+    """A latency: '850 ms', '12 ms', '0.4 ms', '1.25 s', '14.2 s' (three significant digits at most)."""
+    if seconds is None or math.isnan(seconds) or math.isinf(seconds):
+        return na
+    if abs(seconds) < 1:
+        ms = seconds * 1000
+        return f"{ms:.0f} ms" if abs(ms) >= 1 else f"{ms:.1f} ms"
+    return f"{seconds:.2f} s" if abs(seconds) < 10 else f"{seconds:.1f} s" if abs(seconds) < 100 else f"{seconds:.0f} s"
+
+
+def format_clock(t: float, now: float | None = None) -> str:
+    """A wall-clock moment, local time: '09:51:02' on the day of `now`, else '2026-11-30 09:51:02'."""
+    moment = time.localtime(t)
+    if now is not None and time.localtime(now)[:3] == moment[:3]:
+        return time.strftime("%H:%M:%S", moment)
+    return time.strftime("%Y-%m-%d %H:%M:%S", moment)
+
+
+def format_ago(seconds: float) -> str:
+    """How long ago: '18 s ago', '4.5 s ago', '17 min ago', 'just now'; never a negative age (a
+    moment ahead of the clock, as another host's clock may put it, is 'just now')."""
+    if not seconds >= 0.5:  # also NaN
+        return "just now"
+    return f"{format_duration(seconds)} ago"

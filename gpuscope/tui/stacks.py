@@ -25,6 +25,7 @@ from textual.widgets.tree import TreeNode
 from gpuscope.core import allocations, pyspy
 from gpuscope.core.attribution import Attribution
 from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
+from gpuscope.core.units import format_size
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
 from gpuscope.tui.textlines import printable_text
 
@@ -257,7 +258,7 @@ def show_attribution(screen: CodePathScreen, result: Attribution) -> None:
     tree = screen.query_one(Tree)
     tree.reset(Text(f"process {result.pid}"))
     for rank, s in enumerate(result.suspects, start=1):
-        size = f"{s.bytes / 1e6:.1f} MB" if s.bytes is not None else "bytes unknown"
+        size = format_size(s.bytes, na="bytes unknown")
         label = Text.assemble(f"{rank}. ", (s.function, "bold"), f"  {s.file}:{s.line}  {s.share * 100:.0f}% · {size}")
         node = tree.root.add(label, expand=rank == 1)
         for frame in s.stack:

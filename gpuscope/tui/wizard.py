@@ -31,6 +31,7 @@ from textual.widgets.option_list import Option
 from gpuscope.core import allocations, probe_client
 from gpuscope.core.atomic import private_folder, write_private
 from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step
+from gpuscope.core.evidence import VERDICT, evidence_lines
 from gpuscope.core.printable import printable
 from gpuscope.folders import exports_dir
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
@@ -224,10 +225,7 @@ class WizardScreen(Screen[None]):
             again = "a: look again (asks how) · "
             text.append(f"\n{again}Enter: the stacks behind the suspects\n" if found else f"\n{again}Enter: how each way fared\n",
                         style="dim")
-        evidence = {k: v for k, v in step.evidence.items() if k not in ("stacks",)}
-        if evidence:
-            text.append("\nevidence\n", style="bold")
-            text.append(json.dumps(evidence, indent=1, default=str)[:4000], style="dim")
+        text.append_text(self.evidence_panel(step))
         self.query_one("#step", TextLines).set_text(text)
 
     def _not_looked_yet(self) -> Text:
@@ -244,6 +242,18 @@ class WizardScreen(Screen[None]):
                             style="dim")
         else:
             text.append("This recording holds no allocation sites of this process.\n", style="dim")
+        return text
+
+    def evidence_panel(self, step: Step) -> Text:
+        """The evidence lines of `step` (and, on the Classify step, the verdict's): the report's own."""
+        if self.diagnosis is None:
+            return Text()
+        lines = evidence_lines(self.diagnosis, time.time())
+        shown = [*lines[step.number], *(lines[VERDICT] if step.number == 6 else ())]
+        if not shown:
+            return Text()
+        text = Text("\nevidence\n", style="bold")
+        text.append("\n".join(printable(line) for line in shown), style="dim")  # a recording's text, made printable
         return text
 
     # -- actions ----------------------------------------------------------------------------------

@@ -180,9 +180,9 @@ def test_verdict_pattern_and_first_suspect(diagnoses, name):
         assert d.pattern in ("sawtooth", "flat"), d.to_text()
     assert [s.number for s in d.steps] == [1, 2, 3, 4, 5, 6, 7]
     # The memory trend is judged on the samples taken while no tracker ran, and says so.
-    assert "before the tracker ran" in d.evidence["memory_samples"] and "memray" in d.instrument["method"]
+    assert "before the tracker ran" in d.evidence.memory_samples and "memray" in (d.instrument.method or "")
     if name in ("slower than the alert rate", "slow leak among big temporaries"):
-        assert d.evidence["decided_by"] == "allocation sites"
+        assert d.evidence.decided_by == "allocation sites"
     if leaker is not None:
         assert d.suspects and d.suspects[0].function == leaker, d.to_text()
         assert d.suspects[0].method == "memray"  # through the probe gpuscope run started
@@ -254,7 +254,7 @@ def test_without_memray_in_the_service_gpuscope_brings_its_own_and_names_the_lea
         proc.kill()
         proc.wait()
     assert d.verdict == "leak" and d.suspects[0].function == "leak", d.to_text()
-    assert "gpuscope's own packages" in (d.instrument.get("from") or ""), (d.instrument, d.steps[6].evidence["rungs"])
+    assert "gpuscope's own packages" in (d.instrument.loaded_from or ""), (d.instrument, d.steps[6].evidence["rungs"])
 
 
 def test_a_process_that_exits_mid_diagnosis_gets_a_verdict_from_what_was_gathered(tmp_path):

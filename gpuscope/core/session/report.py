@@ -19,12 +19,13 @@ import time
 from dataclasses import replace
 
 from gpuscope.core.diagnosis import Diagnosis, diagnose
+from gpuscope.core.evidence import VERDICT, evidence_lines
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.markdown import md_block, md_code, md_text
 from gpuscope.core.model import Frame
 from gpuscope.core.node import evidence_of
 from gpuscope.core.session.recording import Recording
-from gpuscope.core.units import format_bytes, format_rate
+from gpuscope.core.units import format_bytes, format_duration, format_rate
 
 CHART_WIDTH = 100
 CHART_HEIGHT = 16
@@ -70,14 +71,16 @@ def diagnosis_of(recording: Recording, pid: int, thresholds: LeakThresholds) -> 
     return diagnose(evidence, thresholds), False
 
 
-def build_report(recording: Recording, thresholds: LeakThresholds = LeakThresholds()) -> str:
+def build_report(recording: Recording, thresholds: LeakThresholds = LeakThresholds(), *, now: float | None = None) -> str:
+    """The report; `now` (wall clock, by default the time of writing) gives the evidence's moments their age."""
+    now = time.time() if now is None else now
     last = recording.frame(len(recording) - 1)
     out: list[str] = []
     start, end = recording.start, recording.end
     out += [
         f"# gpuscope incident report: {md_text(recording.hostname)}",
         "",
-        f"- recorded: {_when(start)} to {_when(end)} ({_duration(end - start)}, {len(recording)} samples)",
+        f"- recorded: {_when(start)} to {_when(end)} ({format_duration(end - start)}, {len(recording)} samples)",
         f"- from: {md_text(recording.kind)} {md_code(recording.path.name)}, "
         f"gpuscope {md_text(recording.meta.get('gpuscope_version', '?'))}",
     ]
@@ -90,7 +93,7 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
         out += ["## Verdict", "", "No process to diagnose: nothing grew and no alert was raised.", ""]
     else:
         d, recorded = diagnosis_of(recording, pid, thresholds)
-        out += _diagnosis(d, recorded)
+        out += _diagnosis(d, recorded, now)
         out += _chart_section(recording, pid, end)
         out += _suspects(recording, d, pid)
     out += _devices(recording, last)
@@ -99,7 +102,8 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
     return "\n".join(out).rstrip() + "\n"
 
 
-def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
+def _diagnosis(d: Diagnosis, recorded: bool, now: float) -> list[str]:
+    evidence = evidence_lines(d, now)
     how = "as diagnosed during the session" if recorded else "computed from the recording"
     growth = format_rate(d.memory.growth_bytes_per_s, na="-")
     out = [
@@ -108,6 +112,8 @@ def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
         f"**{md_text(d.verdict)}** ({md_text(d.pattern)}) in PID {d.pid}: {md_text(d.memory_source.upper())} memory "
         f"{format_bytes(d.memory.start_bytes)} → {format_bytes(d.memory.end_bytes)} over {d.duration_s:.0f} s, "
         f"{growth} MB/s ({how}).",
+        "",
+        *evidence_block(evidence[VERDICT]),
         "",
         f"Command: {md_code(d.command.strip(), empty='not known')}",
         "",
@@ -118,10 +124,7 @@ def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
         out.append(f"### {step.number}. {md_text(step.title)} — {md_text(STATUS_WORD.get(step.status, step.status))}")
         out.append("")
         out.append(md_text(step.finding, line_start=True))
-        numbers = _key_numbers(step.evidence)
-        if numbers:
-            out.append("")
-            out.append(f"Evidence: {md_text(numbers)}")
+        out += evidence_block(evidence[step.number], heading="")
         if step.next:
             out.append("")
             out.append(f"Next: {md_text(step.next)}")
@@ -129,16 +132,11 @@ def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
     return out
 
 
-def _key_numbers(evidence: dict) -> str:
-    """The scalar numbers and words of a step's evidence, in one line."""
-    parts = []
-    for key, value in evidence.items():
-        if key == "next" or isinstance(value, (dict, list, tuple)):
-            continue
-        if isinstance(value, float):
-            value = f"{value:.4g}"
-        parts.append(f"{key} = {value}")
-    return ", ".join(parts[:12])
+def evidence_block(lines: tuple[str, ...], heading: str = "Evidence:") -> list[str]:
+    """Evidence lines as a Markdown list (under `heading`), or nothing."""
+    if not lines:
+        return []
+    return [*([heading] if heading else []), *(f"- {md_text(line)}" for line in lines)]
 
 
 def _chart_section(recording: Recording, pid: int, end: float) -> list[str]:
@@ -259,9 +257,3 @@ def _number(v: float | None) -> str:
 def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
 
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s" if m else f"{s} s"
