@@ -9,11 +9,9 @@ import sys
 from gpuscope.commands.common import attach_check, count, pid, seconds
 from gpuscope.config import Settings
 from gpuscope.core import pyspy
-from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, StackDump, StackSample, stack_json, thread_json
+from gpuscope.core.stacks import KIND_LEGEND, KIND_MARK, StackDump, StackSample, stack_json, thread_json
 
 SCHEMA = "gpuscope.stacks/1"
-MARK = {OWN: "●", STDLIB: "·", LIBRARY: "○", NATIVE: "◆"}  # the kind of a frame, readable without colour
-LEGEND = "● your code  · standard library  ○ installed package  ◆ native"
 
 
 
@@ -74,7 +72,7 @@ def to_json(result: StackDump | StackSample) -> dict:
 
 def _frame_line(frame, indent: str = "  ") -> str:
     where = f"{frame.file}:{frame.line}" if frame.line else frame.file
-    text = f"{indent}{MARK.get(frame.kind, ' ')} {frame.function}  {where}"
+    text = f"{indent}{KIND_MARK.get(frame.kind, ' ')} {frame.function}  {where}"
     for name, value in frame.locals:
         text += f"\n{indent}      {name} = {value}"
     return text
@@ -83,7 +81,7 @@ def _frame_line(frame, indent: str = "  ") -> str:
 def print_dump(dump: StackDump) -> None:
     paused = "threads paused while read" if dump.mode == "blocking" else "read without pausing the process"
     print(f"process {dump.pid}: {len(dump.threads)} Python threads, {dump.mode} dump ({paused}, {dump.took_s * 1000:.0f} ms)")
-    print(LEGEND)
+    print(KIND_LEGEND)
     for t in dump.threads:
         print(f"\nthread {t.os_thread_id or t.thread_id} {t.name or '?'!r} [{t.state}]")
         for frame in t.frames:
@@ -97,7 +95,7 @@ def print_sample(sample: StackSample) -> None:
     )
     if sample.errors:
         print(f"({len(sample.errors)} dumps failed: {sample.errors[-1]})")
-    print(LEGEND)
+    print(KIND_LEGEND)
     for path in sample.paths[:15]:
         print(f"\n{path.share * 100:5.1f}%  {path.count} samples")
         for frame in reversed(path.frames):

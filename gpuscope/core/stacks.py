@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from gpuscope.core.printable import printable
 
 OWN, STDLIB, LIBRARY, NATIVE = "own", "stdlib", "library", "native"
+KIND_MARK = {OWN: "●", STDLIB: "·", LIBRARY: "○", NATIVE: "◆"}  # the kind of a frame, readable without colour
+KIND_LEGEND = "● your code   · standard library   ○ installed package   ◆ native"
 
 _SITE = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
 _STDLIB = re.compile(r"[/\\]lib[/\\](?:python|pypy)\d[\d.]*t?[/\\]")

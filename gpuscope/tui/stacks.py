@@ -24,14 +24,13 @@ from textual.widgets.tree import TreeNode
 
 from gpuscope.core import allocations, pyspy
 from gpuscope.core.attribution import Attribution
-from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
+from gpuscope.core.stacks import KIND_LEGEND, KIND_MARK, LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
 from gpuscope.core.units import format_size
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
+from gpuscope.tui.palette import palette_of
 from gpuscope.tui.textlines import printable_text
 
-MARK = {OWN: "●", STDLIB: "·", LIBRARY: "○", NATIVE: "◆"}
 STYLE = {OWN: "bold", STDLIB: "dim", LIBRARY: "italic", NATIVE: "dim italic"}
-LEGEND = "● your code   · standard library   ○ installed package   ◆ native"
 SAMPLE_SECONDS = 5.0
 SAMPLE_INTERVAL = 0.1
 ATTRIBUTION_SECONDS = 10.0
@@ -39,7 +38,7 @@ ATTRIBUTION_SECONDS = 10.0
 
 def frame_label(frame: StackFrame, prefix: str = "") -> Text:
     where = f"{frame.file.rsplit('/', 1)[-1]}:{frame.line}" if frame.line else frame.file.rsplit("/", 1)[-1]
-    return Text.assemble(prefix, (f"{MARK.get(frame.kind, ' ')} {frame.function}", STYLE.get(frame.kind, "")), f"  {where}")
+    return Text.assemble(prefix, (f"{KIND_MARK.get(frame.kind, ' ')} {frame.function}", STYLE.get(frame.kind, "")), f"  {where}")
 
 
 class CodeTree(Tree):
@@ -71,7 +70,7 @@ class CodePathScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(Text(self.title_text, style="bold"), id="title")
-            yield Static(LEGEND, id="legend")
+            yield Static(KIND_LEGEND, id="legend")
             yield Static("", id="status")
             yield ProgressBar(total=100, show_eta=False, id="progress")
             yield CodeTree("…", id="tree")
@@ -104,7 +103,7 @@ class CodePathScreen(ModalScreen[None]):
 
     def failed(self, message: str) -> None:
         self.done()
-        self.status(Text(f"✖ {message}", style="bold red"))
+        self.status(Text(f"✖ {message}", style=f"bold {palette_of(self.app).error}"))
 
     def action_close(self) -> None:
         self.cancel.set()  # a running job stops at its next check

@@ -35,13 +35,17 @@ from gpuscope.core.evidence import VERDICT, evidence_lines
 from gpuscope.core.printable import printable
 from gpuscope.folders import exports_dir
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
+from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
 
 HISTORY_S = 3600.0  # diagnose over up to the last hour the console recorded
 ATTRIBUTION_S = 10.0
-MARK = {OK: ("✔", "green"), WARN: ("!", "yellow"), ALERT: ("✖", "bold red"), SKIPPED: ("–", "dim")}
-UNKNOWN_MARK = ("?", "dim")  # a status no gpuscope writes: a replayed recording was damaged
+def mark_of(status: str, palette: Palette) -> tuple[str, str]:
+    """(the mark, its style) of a step's status, in the theme's colours; "?" for a status no
+    gpuscope writes (a replayed recording was damaged)."""
+    return {OK: ("✔", palette.success), WARN: ("!", palette.warning), ALERT: ("✖", f"bold {palette.error}"),
+            SKIPPED: ("–", "dim")}.get(status, ("?", "dim"))
 
 
 class WizardScreen(Screen[None]):
@@ -67,6 +71,7 @@ class WizardScreen(Screen[None]):
         self.pid = pid
         self.evidence: Evidence | None = None
         self.diagnosis: Diagnosis | None = None
+        self.palette = DEFAULT_PALETTE
         self.working = threading.Event()  # the allocation-site search is running
         self.cancel = threading.Event()
         self._status = ""
@@ -81,8 +86,14 @@ class WizardScreen(Screen[None]):
         yield TextLines("", id="wizard-keys")
         yield Footer()
 
+    def _use_palette(self, palette: Palette) -> None:
+        self.palette = palette
+        if self.diagnosis is not None:
+            self.render_steps()
+
     def on_mount(self) -> None:
         self.set_class(self.app.size.width < 100, "narrow")
+        follow_theme(self, self._use_palette)
         self.compute()
         self.query_one("#steps", OptionList).focus()
         if self.app.session.can_attach:
@@ -162,7 +173,7 @@ class WizardScreen(Screen[None]):
         highlighted = steps.highlighted if steps.highlighted is not None else self._first_interesting(d)
         steps.clear_options()
         for step in d.steps:
-            mark, style = MARK.get(step.status, UNKNOWN_MARK)
+            mark, style = mark_of(step.status, self.palette)
             title = printable(step.title)  # a replayed recording's text
             label = Text.assemble((f"{mark} ", style), f"{step.number}. {title}")
             if step.number == 7 and self.working.is_set():
@@ -179,7 +190,8 @@ class WizardScreen(Screen[None]):
 
     def _show_title(self) -> None:
         d = self.diagnosis
-        verdict_style = {"leak": "bold red", "no-leak": "bold green"}.get(d.verdict, "bold yellow")
+        p = self.palette
+        verdict_style = {"leak": f"bold {p.error}", "no-leak": f"bold {p.success}"}.get(d.verdict, f"bold {p.warning}")
         text = Text.assemble(
             (f"Diagnosis of PID {d.pid} ", "bold"),
             (f"{d.verdict}", verdict_style),
@@ -202,7 +214,7 @@ class WizardScreen(Screen[None]):
             self.show_step(self.diagnosis.steps[event.option_index])
 
     def show_step(self, step: Step) -> None:
-        mark, style = MARK.get(step.status, UNKNOWN_MARK)
+        mark, style = mark_of(step.status, self.palette)
         searching = step.number == 7 and self._search is not None
         if searching:
             mark, style = "…", "bold"
@@ -216,7 +228,7 @@ class WizardScreen(Screen[None]):
             text.append(printable(step.finding) + "\n")
         serving = self.evidence.serving_end if self.evidence else None
         if step.number == 3 and serving is not None and serving.p99_jump is not None:
-            text.append(serving.p99_jump.describe() + "\n", style="bold yellow")  # the snapshot's finding
+            text.append(serving.p99_jump.describe() + "\n", style=f"bold {self.palette.warning}")  # the snapshot's finding
         if step.next:
             text.append("\nnext: ", style="bold")
             text.append(printable(step.next) + "\n")

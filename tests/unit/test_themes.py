@@ -163,3 +163,27 @@ async def test_switching_theme_recolours_the_chart_lines_the_growth_column_and_t
         assert dark.variables["gpuscope-gpu"].lower() not in lines
         assert spec.variables["gpuscope-growth"].lower() in column and column != before[1]
         assert spec.colours["success"].lower() in device and device != before[2]
+
+
+async def test_the_wizard_marks_its_steps_in_the_theme_s_colours():
+    """The diagnosis's step marks and verdict follow the theme, as the table and the chart do."""
+    from gpuscope.tui.palette import palette_of
+    from gpuscope.tui.wizard import WizardScreen
+
+    app = GpuScopeApp(FakeSource(frame()), theme="gpuscope-ansi")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("w")
+        await pilot.pause()
+        wizard = app.screen
+        assert isinstance(wizard, WizardScreen)
+        styles = {str(span.style) for span in wizard.query_one("#wizard-title").text.spans}
+        assert any(palette_of(app).success in s or palette_of(app).error in s or palette_of(app).warning in s
+                   for s in styles), styles
+        before = palette_of(app)
+        app.theme = "gpuscope-light"
+        await pilot.pause()
+        after = palette_of(app)
+        assert before != after
+        styles = {str(span.style) for span in wizard.query_one("#wizard-title").text.spans}
+        assert any(after.success in s or after.error in s or after.warning in s for s in styles), styles
