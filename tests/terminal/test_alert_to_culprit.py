@@ -24,7 +24,7 @@ def test_from_the_alert_to_the_culprit_in_two_announced_keys(tmux_session, size)
         pressed.append(key)
         tmux.keys(key)
 
-    wait_until(lambda: "⚠ LEAK PID" in tmux.screen() and "w: diagnose" in tmux.screen(), timeout=90, interval=0.5,
+    wait_until(lambda: "⚠ LEAK +" in tmux.screen() and "w: diagnose" in tmux.screen(), timeout=90, interval=0.5,
                what="the leak alert, with the key that diagnoses it")
     press("w", "w: diagnose")
     wait_until(lambda: "Diagnosis of PID" in tmux.screen() and "y: find the code that keeps memory" in tmux.screen(),

@@ -73,7 +73,7 @@ def test_80x24_keeps_every_panel_and_resizes_live(tmux_session):
         wait_until(lambda: seen in tmux.screen(), timeout=20, what=f"{seen!r} at 80x24")
     assert len(narrow.splitlines()) <= 24
     tmux.keys("?")  # the keys not in the footer are one key away
-    wait_until(lambda: "gpuscope — keys" in tmux.screen() and "theme" in tmux.screen(), timeout=20, what="the help at 80x24")
+    wait_until(lambda: "gpuscope — keys" in tmux.screen() and "diagnose" in tmux.screen(), timeout=20, what="the help at 80x24")
 
 
 def test_a_lost_terminal_leaves_no_process_behind(tmux_session):
