@@ -1049,7 +1049,7 @@ def _op_tracemalloc_track(state, request, hung_up):
                     break
                 end = time.monotonic() + min(interval, left)
                 while time.monotonic() < end and not hung_up():
-                    time.sleep(min(0.1, end - time.monotonic()))
+                    time.sleep(max(0.0, min(0.1, end - time.monotonic())))
         finally:
             rss_tracking = _rss()
             tracemalloc.stop()

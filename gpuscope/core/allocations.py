@@ -53,8 +53,8 @@ from gpuscope.core.attribution import (
     Attribution,
     Rung,
     Site,
+    counted_suspects_from_capture,
     sites_from_records,
-    suspects_from_capture,
     suspects_from_records,
     suspects_from_stacks,
 )
@@ -112,9 +112,12 @@ def memray_cli() -> list[str]:
     return [sys.executable, "-m", "memray"]
 
 
-def memray_suspects(pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False) -> tuple[Suspect, ...]:
+def memray_suspects(
+    pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[float, int | None], None] = lambda fraction, sites: None,
+) -> tuple[Suspect, ...]:
     """Attach memray for `duration` seconds (at most MEMRAY_WINDOW_MAX_S); the allocations still
-    alive at the end, by owning frame.
+    alive at the end, by owning frame. `progress(fraction, sites)` as `probe_memray_suspects`'s.
 
     Tracking is always detached: memray stops by itself after the window (also when gpuscope is
     killed meanwhile); on a timeout, an error or a cancel, `memray detach` is run before returning.
@@ -135,16 +138,19 @@ def memray_suspects(pid: int, duration: float, *, cancelled: Callable[[], bool] 
                 last = ((out.stderr or out.stdout).strip().splitlines()[-1:] if out else []) or ["no answer"]
                 raise AttachRefused(f"memray could not attach to process {pid}: {printable_line(last[0])}")
             attached = True
+            waiting = _while_waiting(window, cancelled, progress)
             deadline = time.monotonic() + window + 30.0
             while time.monotonic() < deadline:
-                if cancelled():
+                if waiting():
                     raise AttachRefused("cancelled")
                 if not psutil.pid_exists(pid):
                     raise AttachRefused(f"process {pid} exited while memray was attached")
                 if time.monotonic() > deadline - 30.0:
-                    found = _read_capture(folder, roots)
-                    if found is not None:
+                    read = _read_capture_counted(folder, roots)
+                    if read is not None:
                         attached = False  # memray stopped itself after the window
+                        found, seen = read
+                        progress(1.0, seen)
                         return found
                 time.sleep(0.2)
             raise AttachRefused(f"memray's capture of process {pid} did not complete in time")
@@ -154,9 +160,16 @@ def memray_suspects(pid: int, duration: float, *, cancelled: Callable[[], bool] 
 
 
 def _read_capture(folder: privilege.SharedFolder, roots: Sequence[str]) -> tuple[Suspect, ...] | None:
-    """The suspects of the capture the process wrote, or None while it is not complete (an
-    aggregated capture is written when tracking stops; until then it does not open). Read only as
-    a regular file of the process's owner, never through a link (AttachRefused otherwise)."""
+    """The suspects of the capture the process wrote, or None while it is not complete."""
+    read = _read_capture_counted(folder, roots)
+    return None if read is None else read[0]
+
+
+def _read_capture_counted(folder: privilege.SharedFolder, roots: Sequence[str]) -> tuple[tuple[Suspect, ...], int] | None:
+    """The suspects of the capture the process wrote and how many allocation stacks still alive it
+    holds, or None while it is not complete (an aggregated capture is written when tracking stops;
+    until then it does not open). Read only as a regular file of the process's owner, never
+    through a link (AttachRefused otherwise)."""
     try:
         opened = folder.read_owned("capture.bin", CAPTURE_LIMIT)
     except OSError as exc:
@@ -165,7 +178,7 @@ def _read_capture(folder: privilege.SharedFolder, roots: Sequence[str]) -> tuple
         return None
     fd, _ = opened
     try:
-        return suspects_from_capture(f"/proc/self/fd/{fd}", roots)
+        return counted_suspects_from_capture(f"/proc/self/fd/{fd}", roots)
     except OSError:
         return None
     finally:
@@ -253,19 +266,45 @@ class Tracked:
     times: tuple[float, ...]
     sites: tuple[Site, ...]
     cost: dict
+    seen: int = 0  # allocation stacks the tracker reported (those left out of its reply included)
 
 
-def _tracked(reply: dict, pid: int, method: str, sees: str) -> Tracked:
+PROBE_FILE = os.sep + os.path.join("gpuscope", "probe.py")
+
+
+def _probes_own(group: dict) -> bool:
+    """Whether a tracker's record is the probe's own work (its reply, its socket): a stack that
+    passes through the probe's file, which runs no code of the service's."""
+    frames = group.get("frames") or ()
+    return any(isinstance(f, (list, tuple)) and len(f) == 3 and str(f[1]).endswith(PROBE_FILE) for f in frames)
+
+
+def _grown(group: dict) -> dict | None:
+    """`group` with its size replaced by the least it held over the last quarter of tracking above
+    the most it held in the first half (None where that is not more): memory a site still adds to,
+    not the working set it keeps (which comes and goes: a query's array alive during each call)."""
+    held = [int(h or 0) for h in group.get("held") or () if isinstance(h, (int, float))]
+    if len(held) < 4 or len(held) != len(group.get("held") or ()):
+        return None
+    growth = min(held[-max(2, len(held) // 4):]) - max(held[: len(held) // 2])
+    return {**group, "size": growth} if growth > 0 else None
+
+
+def _tracked(reply: dict, pid: int, method: str, sees: str, *, growing: bool = False) -> Tracked:
     roots = pyspy.own_roots(pid)
-    groups = reply.get("records") or ()
+    groups = [g for g in reply.get("records") or () if isinstance(g, dict) and not _probes_own(g)]
     times = tuple(float(t) for t in reply.get("times") or ())
     rss = reply.get("rss") if isinstance(reply.get("rss"), dict) else {}
     cost = {"rss_before": rss.get("before"), "rss_tracking": rss.get("tracking"), "rss_after": rss.get("after"),
             "seconds": reply.get("seconds"), "from": reply.get("from") or "the standard library", "sees": sees,
             "cut_short": bool(reply.get("cut_short"))}
-    live = [g for g in groups if int(g.get("size") or 0) > 0]
+    if growing:
+        live = [g for g in map(_grown, groups) if g is not None]
+    else:
+        live = [g for g in groups if int(g.get("size") or 0) > 0]
+    seen = len(groups) + max(0, int(reply.get("omitted") or 0))
     return Tracked(suspects_from_records(_records(live, "size"), roots, method),
-                   times, sites_from_records(groups, times, roots) if times else (), cost)
+                   times, sites_from_records(groups, times, roots) if times else (), cost, seen)
 
 
 def own_memray_path() -> str | None:
@@ -278,29 +317,54 @@ def own_memray_path() -> str | None:
     return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
 
 
+def _while_waiting(duration: float, cancelled: Callable[[], bool],
+                   progress: Callable[[float, int | None], None]) -> Callable[[], bool]:
+    """`cancelled`, also reporting how much of `duration` has passed each time it is asked (a
+    request to the probe asks it several times a second while it waits for the reply)."""
+    started = time.monotonic()
+
+    def asked() -> bool:
+        progress(min(0.99, (time.monotonic() - started) / duration) if duration > 0 else 0.99, None)
+        return cancelled()
+
+    return asked
+
+
 def probe_memray_suspects(
     client: probe_client.ProbeClient, pid: int, duration: float, *, hello: dict | None = None,
-    cancelled: Callable[[], bool] = lambda: False
+    cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[float, int | None], None] = lambda fraction, sites: None,
 ) -> Tracked:
     """memray's tracker run by the probe inside the process for `duration`, held bytes read every
     second: no injection. When the service's environment has no memray and its interpreter is
-    gpuscope's version, gpuscope's own memray is offered (the probe loads it only if it can)."""
+    gpuscope's version, gpuscope's own memray is offered (the probe loads it only if it can).
+
+    `progress(fraction, sites)`: the part of the window passed while memray tracks (sites None:
+    the probe reads its capture when tracking ends), then (1.0, allocation sites seen) once read."""
     path = None
     if hello is not None and not hello.get("memray"):
         ours = "%d.%d" % sys.version_info[:2]
         if str(hello.get("python") or "").startswith(ours + "."):
             path = own_memray_path()
-    reply = client.memray_track(max(0.1, duration), limit=GROUPS, interval=HELD_INTERVAL_S, memray_path=path,
-                                cancelled=cancelled)
-    return _tracked(reply, pid, "memray", "every allocation of Python and native code made through malloc")
+    duration = max(0.1, duration)
+    reply = client.memray_track(duration, limit=GROUPS, interval=HELD_INTERVAL_S, memray_path=path,
+                                cancelled=_while_waiting(duration, cancelled, progress))
+    tracked = _tracked(reply, pid, "memray", "every allocation of Python and native code made through malloc")
+    progress(1.0, tracked.seen)
+    return tracked
 
 
 def probe_tracemalloc_suspects(
     client: probe_client.ProbeClient, pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False
 ) -> Tracked:
-    """The standard library's tracemalloc, run by the probe for `duration`, a snapshot every second."""
+    """The standard library's tracemalloc, run by the probe for `duration`, a snapshot every second.
+
+    Its suspects are the sites whose held memory still grew over the second half of tracking,
+    ranked by that growth: tracemalloc sees only the Python domain, so where a service's memory
+    grows in native code (a FAISS index) what it sees at the end is the working set of Python
+    objects (the current query), which must not be named as the leak."""
     reply = client.tracemalloc_track(max(0.1, duration), interval=HELD_INTERVAL_S, limit=GROUPS, cancelled=cancelled)
-    return _tracked(reply, pid, "tracemalloc", TRACEMALLOC_SEES)
+    return _tracked(reply, pid, "tracemalloc", TRACEMALLOC_SEES, growing=True)
 
 
 TRACEMALLOC_SEES = ("Python-domain allocations only: memory that C, C++ or Rust code allocates itself "
@@ -410,23 +474,29 @@ def attribute(
     progress: Callable[[str, float], None] = lambda rung, fraction: None,
     budget: float | None = None,
     said: Callable[[str], None] = lambda line: None,
+    sites_seen: Callable[[str, int], None] = lambda rung, sites: None,
 ) -> Attribution:
     """Climb the ladder for `pid` until a rung names suspects; record what each rung did.
 
     A tracking rung tracks for `duration` seconds; the whole climb keeps within `budget` seconds
     (default: `duration`) plus the time to start and stop a tracker: a rung that fails hands the
-    rest of the budget, not a fresh one, to the next. `said` gets one line per rung that fails."""
+    rest of the budget, not a fresh one, to the next. `said` gets one line per rung that fails.
+    `progress(rung, fraction)` says how far each rung is (memray's too, while it tracks);
+    `sites_seen(rung, sites)` how many allocation sites a tracker has seen so far, once it has read
+    its capture (memray reads it when tracking ends)."""
     started = time.monotonic()
     deadline = started + (duration if budget is None else max(budget, 0.0))
     opened: list[probe_client.ProbeClient] = []
     try:
-        return _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progress, said, started)
+        return _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progress, said, sites_seen,
+                      started)
     finally:
         for client in opened:
             client.close()
 
 
-def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progress, said, started) -> Attribution:
+def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progress, said, sites_seen,
+           started) -> Attribution:
     def connect():
         client, hello, why_not = _connect(pid)
         if client is not None:
@@ -457,6 +527,7 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
         return min(started + duration, deadline) - time.monotonic()
 
     rungs: list[Rung] = []
+    held_over_time: Tracked | None = None  # a tracker's sites over time, kept when a later rung names the suspects
     client, hello, why_not = connect()
     # 1. torch allocator history, through the probe
     reason = why_not if client is None else torch_unavailable(hello or {})
@@ -487,12 +558,19 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
         progress("memray", 0.0)
         way = "in process through gpuscope's probe" if client is not None else "memray attach"
         begun = time.time()
+
+        def memray_progress(fraction: float, sites: int | None) -> None:
+            progress("memray", fraction)
+            if sites is not None:
+                sites_seen("memray", sites)
+
         try:
             if client is not None:
                 tracked = probe_memray_suspects(client, pid, min(duration, max(0.1, left())), hello=hello,
-                                                cancelled=cancelled)
+                                                cancelled=cancelled, progress=memray_progress)
             else:
-                found = memray_suspects(pid, min(duration, max(1.0, left())), cancelled=cancelled)
+                found = memray_suspects(pid, min(duration, max(1.0, left())), cancelled=cancelled,
+                                        progress=memray_progress)
                 tracked = Tracked(found, (), (), {"sees": "allocations made through malloc while attached"})
         except (AttachRefused, probe_client.ProbeError) as exc:
             failed("memray", f"{way}: {exc}" if client is not None else str(exc))
@@ -537,22 +615,23 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
             failed("tracemalloc", f"in process through gpuscope's probe: {type(exc).__name__}: {exc}")
         else:
             window = (begun, time.time())
-            if tracked.suspects or tracked.sites:
-                rungs.append(Rung("tracemalloc", "used" if tracked.suspects else "failed",
+            if tracked.suspects:
+                rungs.append(Rung("tracemalloc", "used",
                                   f"in process through gpuscope's probe: {len(tracked.suspects)} allocation sites "
-                                  f"still holding memory; sees {TRACEMALLOC_SEES}"))
-                return done(tracked.suspects, "tracemalloc" if tracked.suspects else None,
-                            "medium" if tracked.suspects else "none", tracked, window)
+                                  f"whose memory grew while tracing; sees {TRACEMALLOC_SEES}"))
+                return done(tracked.suspects, "tracemalloc", "medium", tracked, window)
             ran.append(window)
             costs.append(tracked.cost)
-            failed("tracemalloc", "no Python allocation made while tracing is still alive "
+            if tracked.sites:
+                held_over_time = tracked  # no suspect, but what was held over time is evidence
+            failed("tracemalloc", "no Python allocation site grew while tracing "
                    f"({TRACEMALLOC_SEES.split(':')[1].strip()})")
     if cancelled():
         return done((), None, "none")
     # 4. stack sampling, in what is left of the budget
     if left() < 1.0:
         rungs.append(Rung("stack-sampling", "skipped", "no time left in --duration"))
-        return done((), None, "none")
+        return done((), None, "none", held_over_time)
     progress("stack-sampling", 0.0)
     try:
         found, count = sample_growth(
@@ -560,10 +639,10 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
         )
     except pyspy.PySpyError as exc:
         failed("stack-sampling", str(exc))
-        return done((), None, "none")
+        return done((), None, "none", held_over_time)
     torn = f"; {count.failed} of {count.taken} dumps failed and were skipped" if count.failed else ""
     if not found:
         failed("stack-sampling", f"memory did not grow while sampling{torn}")
-        return done((), None, "none")
+        return done((), None, "none", held_over_time)
     rungs.append(Rung("stack-sampling", "used", f"where the process was while its memory grew (low confidence){torn}"))
-    return done(found, "stack-sampling", "low")
+    return done(found, "stack-sampling", "low", held_over_time)

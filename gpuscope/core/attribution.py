@@ -128,6 +128,12 @@ def sites_from_records(groups: Sequence[dict], times: Sequence[float], roots: Se
 
 def suspects_from_capture(path: str, roots: Sequence[str] = ()) -> tuple[Suspect, ...]:
     """The allocations still alive at the end of a memray capture, by owning frame, largest first."""
+    return counted_suspects_from_capture(path, roots)[0]
+
+
+def counted_suspects_from_capture(path: str, roots: Sequence[str] = ()) -> tuple[tuple[Suspect, ...], int]:
+    """`suspects_from_capture`, and how many allocation stacks still alive the capture holds."""
     from gpuscope.probe import leaked_records  # noqa: PLC0415 - imports memray: only this rung needs it
 
-    return suspects_from_records(leaked_records(path), roots)
+    records = leaked_records(path)
+    return suspects_from_records(records, roots), len(records)

@@ -2,7 +2,10 @@
 index in native memory), HuggingFace tokenizers (Rust; a tiny BPE trained in the test, nothing
 downloaded) and langchain-core (chat histories). Each leaks through one function, and each has a
 fixed twin. Diagnosed at the default duration, three at a time, under `gpuscope run` (the probe;
-memray in the environment).
+memray in the environment); then as deployed, from an environment without memray: under
+`gpuscope run` (the probe brings gpuscope's own memray) and without it (nothing inside the
+process: stack sampling, said as low confidence), all twelve services in one window; and with no
+memray to lend at all (tracemalloc, which cannot see native memory).
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import textwrap
 
 import pytest
 
+from gpuscope.core import allocations
 from gpuscope.core.diagnosis import diagnose
 from gpuscope.core.investigation import investigate
 
-from helpers import gpuscope_cmd, run_together
+from helpers import gpuscope_cmd, python_without, run_together, wait_until
 
 pytest.importorskip("faiss")
 pytest.importorskip("tokenizers")
@@ -122,3 +126,130 @@ def test_the_leaking_service_is_a_leak_and_its_function_is_named_first(leaking, 
 def test_the_fixed_service_is_not_a_leak(fixed, name):
     d = fixed[name]
     assert d.verdict != "leak", d.to_text()
+
+
+# -- as deployed: the service's environment has no memray ----------------------------------------
+
+# The bounded services need 10 s of samples outside the tracker's window to be judged no-leak; nine
+# services sharing the machine grow slower than alone.
+WITHOUT_MEMRAY_DURATION_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    return python_without(tmp_path_factory.mktemp("service-env"), "memray")
+
+
+def start_services(folder, python, services: dict, probe: bool) -> dict:
+    """Start each of `services` (key -> (code, remember)) with `python`, under `gpuscope run` if
+    `probe`; wait for each to say it is ready."""
+    procs = {}
+    for key, (code, remember) in services.items():
+        script = folder / f"{'_'.join(map(str, key)).replace('-', '_')}.py"
+        script.write_text(textwrap.dedent(code).replace("REMEMBER", str(remember)))
+        command = [str(python), str(script)]
+        procs[key] = subprocess.Popen(gpuscope_cmd() + ["run", "--", *command] if probe else command,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for key, proc in procs.items():
+        line = proc.stdout.readline().strip()
+        assert line == "ready", (key, proc.stderr.read() if proc.poll() is not None else "")
+    return procs
+
+
+def stop_services(procs: dict) -> None:
+    for proc in procs.values():
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def without_memray(tmp_path_factory, bare_python):
+    """Every service, leaking and fixed, with the probe, and the leaking ones without it, diagnosed
+    in one window."""
+    folder = tmp_path_factory.mktemp("without-memray")
+    procs = {}
+    try:
+        for probe in (True, False):
+            services = {(probe, name, remember): (code, remember) for name, (code, _) in SERVICES.items()
+                        for remember in ((True, False) if probe else (True,))}
+            procs.update(start_services(folder, bare_python, services, probe))
+        return run_together({key: lambda p=p: diagnose(investigate(p.pid, WITHOUT_MEMRAY_DURATION_S))
+                             for key, p in procs.items()})
+    finally:
+        stop_services(procs)
+
+
+def rungs(d) -> dict:
+    return {r["method"]: r for r in d.steps[6].evidence["rungs"]}
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_without_memray_in_the_service_the_probe_brings_gpuscopes_and_names_the_leaking_function(without_memray, name):
+    d = without_memray[(True, name, True)]
+    assert d.verdict == "leak", d.to_text()
+    assert d.suspects[0].function == SERVICES[name][1] and d.suspects[0].method == "memray", d.to_text()
+    assert d.instrument["method"] == "memray" and "gpuscope's own packages" in d.instrument["from"], d.instrument
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_without_memray_in_the_service_the_fixed_service_is_not_a_leak(without_memray, name):
+    d = without_memray[(True, name, False)]
+    assert d.verdict == "no-leak", d.to_text()
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_without_memray_or_probe_the_leak_is_found_and_its_code_path_said_to_be_low_confidence(without_memray, name):
+    """Nothing can run inside the process: memray is refused with what to do, tracemalloc needs
+    the probe, and stack sampling ranks where the process was while its memory grew."""
+    d = without_memray[(False, name, True)]
+    assert d.verdict == "leak", d.to_text()
+    found = d.steps[6].evidence
+    assert found["method"] == "stack-sampling" and found["confidence"] == "low", found
+    assert d.suspects and all(s.method == "stack-sampling" and s.bytes is None for s in d.suspects), d.to_text()
+    by = rungs(d)
+    assert by["memray"]["status"] == "failed" and "memray is not importable by the service's interpreter" in \
+        by["memray"]["detail"] and "install it into the service's environment" in by["memray"]["detail"], by
+    assert by["tracemalloc"]["status"] == "skipped" and "no gpuscope probe in the process" in by["tracemalloc"]["detail"]
+    assert by["stack-sampling"]["status"] == "used" and "low confidence" in by["stack-sampling"]["detail"], by
+    assert "low confidence" in d.to_text()
+
+
+# -- no memray to lend: tracemalloc (and what it cannot see), and memray's progress -----------------
+
+LADDER_S = 8.0
+
+
+def test_with_no_memray_at_all_tracemalloc_names_the_leak_and_memray_says_how_far_it_is(
+        tmp_path, bare_python, monkeypatch):
+    """No memray to lend (another interpreter version): tracemalloc sees the tokenizer's Encoding
+    objects grow and names the function that keeps them. memray (in the environment of a second
+    service) reports how far it is while it tracks, and the sites it saw once its capture is read."""
+    monkeypatch.setattr(allocations, "own_memray_path", lambda: None)  # an interpreter gpuscope cannot lend to
+    procs = start_services(tmp_path, bare_python, {("bare", "tokenizers"): (TOKENIZERS, True)}, probe=True)
+    procs.update(start_services(tmp_path, sys.executable, {("memray", "tokenizers"): (TOKENIZERS, True)}, probe=True))
+    progress: list[tuple[str, float]] = []
+    seen: list[tuple[str, int]] = []
+    try:
+        for proc in procs.values():
+            wait_until(lambda p=proc: allocations.probe_client.probe_path(p.pid), timeout=10, what="the probe")
+        found = run_together({
+            "bare": lambda: allocations.attribute(procs[("bare", "tokenizers")].pid, LADDER_S),
+            "memray": lambda: allocations.attribute(procs[("memray", "tokenizers")].pid, LADDER_S,
+                                                    progress=lambda *a: progress.append(a),
+                                                    sites_seen=lambda *a: seen.append(a)),
+        })
+    finally:
+        stop_services(procs)
+    tokenizers = found["bare"]
+    memray_rung = next(r for r in tokenizers.rungs if r.method == "memray")
+    assert memray_rung.status == "failed" and "memray is not importable" in memray_rung.detail, tokenizers.rungs
+    assert tokenizers.method == "tracemalloc" and tokenizers.confidence == "medium", tokenizers.rungs
+    assert tokenizers.suspects[0].function == "tokenize", tokenizers.suspects[:3]
+    # the probe's own work (its replies, its socket) is never a suspect
+    assert not any(s.file.endswith("gpuscope/probe.py") for s in tokenizers.suspects), tokenizers.suspects
+    memray = found["memray"]
+    assert memray.method == "memray" and memray.suspects[0].function == "tokenize", memray.rungs
+    tracking = [f for rung, f in progress if rung == "memray"]
+    assert tracking[-1] == 1.0 and any(0.2 < f < 0.99 for f in tracking), tracking
+    assert tracking == sorted(tracking), tracking
+    assert len(seen) == 1 and seen[0][0] == "memray" and seen[0][1] >= len(memray.suspects), seen

@@ -145,3 +145,28 @@ def run_together(jobs: dict, timeout: float = 120.0) -> dict:
     for t in threads:
         t.join(timeout)
     return results
+
+
+def python_without(folder: Path, *missing: str) -> Path:
+    """An interpreter environment made in `folder` (a venv without pip) with this one's installed
+    packages except `missing` (distribution and import names, e.g. "memray") and gpuscope itself:
+    a service's environment as deployed, where only its own libraries are. Each package is a link
+    in the new environment's site-packages (so that its frames read as a library's). Its python."""
+    import sysconfig
+    import venv
+
+    venv.create(folder, with_pip=False)
+    python = folder / "bin" / "python"
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, timeout=30, check=True)
+    theirs = Path(out.stdout.strip())
+    hidden = tuple(name.lower().replace("-", "_") for name in (*missing, "gpuscope", "_editable_impl_gpuscope"))
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name.lower()
+        if entry.suffix == ".pth" or name.startswith(hidden) or name == "__pycache__" or (theirs / entry.name).exists():
+            continue
+        (theirs / entry.name).symlink_to(entry)
+    for name in missing:
+        probe = subprocess.run([str(python), "-c", f"import {name.replace('-', '_')}"], capture_output=True, timeout=30)
+        assert probe.returncode != 0, f"{name} is still importable in {folder}"
+    return python
