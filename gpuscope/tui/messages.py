@@ -36,15 +36,18 @@ class ServingReady(Message):
 
 
 class WorkProgress(Message):
-    """How far a worker is (0..1), and a line saying what it does (newer replaces a queued one)."""
+    """How far a worker is (0..1), a line saying what it does, and how many allocation sites it
+    has seen so far where it counts them (newer replaces a queued one)."""
 
-    def __init__(self, fraction: float | None, line: str | None = None) -> None:
+    def __init__(self, fraction: float | None, line: str | None = None, sites: int | None = None) -> None:
         super().__init__()
         self.fraction = fraction
         self.line = line
+        self.sites = sites
 
     def can_replace(self, message: Message) -> bool:
-        return isinstance(message, WorkProgress)
+        # A queued count of sites is only replaced by a newer count, never by a bare fraction.
+        return isinstance(message, WorkProgress) and (message.sites is None or self.sites is not None)
 
 
 class CodePathRead(Message):

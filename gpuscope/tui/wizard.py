@@ -77,6 +77,7 @@ class WizardScreen(Screen[None]):
         self._status = ""
         self._probe: bool | None = None  # whether the process has gpuscope's probe (None: not known yet)
         self._search: tuple[str, float] | None = None  # the search's rung and when it began
+        self._sites_seen: int | None = None  # allocation sites the running rung has seen
 
     def compose(self) -> ComposeResult:
         yield TextLines(f"Diagnosis of PID {self.pid}", id="wizard-title")
@@ -147,7 +148,8 @@ class WizardScreen(Screen[None]):
         rung, started = self._search or ("", time.monotonic())
         elapsed = time.monotonic() - started
         left = max(0.0, ATTRIBUTION_S - elapsed)
-        return f"step 7: {rung} running · {elapsed:.0f} s, about {left:.0f} s left (Esc cancels)"
+        sites = f" · {self._sites_seen} allocation sites seen" if self._sites_seen is not None else ""
+        return f"step 7: {rung} running · {elapsed:.0f} s, about {left:.0f} s left{sites} (Esc cancels)"
 
     def _tick(self) -> None:
         # memray reports nothing until it stops: the clock says the search is alive meanwhile.
@@ -311,6 +313,7 @@ class WizardScreen(Screen[None]):
         self.cancel.clear()
         self.working.set()
         self._search = ("memray" if use_memray else "stack sampling", time.monotonic())
+        self._sites_seen = None
         self.query_one("#steps", OptionList).highlighted = 6
         self.status(self._progress_line())
         self.render_steps()
@@ -321,9 +324,12 @@ class WizardScreen(Screen[None]):
         def progress(rung: str, fraction: float) -> None:
             self.post_message(WorkProgress(fraction, rung))
 
+        def sites_seen(rung: str, sites: int) -> None:
+            self.post_message(WorkProgress(None, rung, sites=sites))
+
         try:
             result = allocations.attribute(self.pid, ATTRIBUTION_S, use_memray=use_memray,
-                                           cancelled=self.cancel.is_set, progress=progress)
+                                           cancelled=self.cancel.is_set, progress=progress, sites_seen=sites_seen)
         except Exception as exc:  # a surprise in the ladder: said on screen, never "running" forever
             self.post_message(WorkFailed(f"{type(exc).__name__}: {exc}"))
             return
@@ -338,6 +344,9 @@ class WizardScreen(Screen[None]):
             rung = message.line.replace("-", " ")
             if rung != self._search[0]:  # the next rung: its own clock
                 self._search = (rung, time.monotonic())
+                self._sites_seen = None
+            if message.sites is not None:
+                self._sites_seen = message.sites
             self.status(self._progress_line())
             if self.query_one("#steps", OptionList).highlighted == 6 and self.diagnosis is not None:
                 self.show_step(self.diagnosis.steps[6])

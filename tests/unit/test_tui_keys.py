@@ -164,9 +164,10 @@ async def test_i_shows_the_whole_command_line():
 async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypatch, size):
     asked = []
 
-    def attribute(pid, duration, *, use_memray, cancelled, progress):
+    def attribute(pid, duration, *, use_memray, cancelled, progress, sites_seen):
         asked.append((pid, use_memray))
         progress("memray", 0.0)
+        sites_seen("memray", 7)
         deadline = time.monotonic() + 1.5  # long enough for the clock to tick on screen
         while time.monotonic() < deadline and not cancelled():
             time.sleep(0.02)
@@ -186,7 +187,7 @@ async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypa
         assert "j k: steps" in keys and "y: find the code that keeps memory (memray" in keys  # the second
         await pilot.press("y")
         await wait_for(pilot, lambda: "memray running · 1 s" in screen_text(app))  # alive, with its clock
-        assert "s left" in screen_text(app)
+        assert "s left" in screen_text(app) and "7 allocation sites seen" in screen_text(app)
         await wait_for(pilot, lambda: "First suspect: _remember (/srv/retriever.py:88)" in screen_text(app))
         assert asked == [(4243, True)]
         assert not isinstance(app.screen, ConfirmAttach)

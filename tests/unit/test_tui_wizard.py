@@ -83,7 +83,7 @@ async def test_steps_navigation_and_the_verdict():
 async def test_step_7_asks_then_finds_the_suspect_and_enter_shows_its_stack(monkeypatch):
     calls = []
 
-    def attribute(pid, duration, *, use_memray, cancelled, progress):
+    def attribute(pid, duration, *, use_memray, cancelled, progress, sites_seen=None):
         calls.append((pid, use_memray))
         return FOUND
 
@@ -108,7 +108,7 @@ async def test_step_7_asks_then_finds_the_suspect_and_enter_shows_its_stack(monk
 async def test_rerun_reads_the_latest_data_and_esc_cancels_a_search(monkeypatch):
     started, cancel_seen = threading.Event(), []
 
-    def attribute(pid, duration, *, use_memray, cancelled, progress):
+    def attribute(pid, duration, *, use_memray, cancelled, progress, sites_seen=None):
         started.set()
         deadline = time.monotonic() + 20
         while not cancelled() and time.monotonic() < deadline:
@@ -147,7 +147,7 @@ async def test_export_writes_private_files(tmp_path, monkeypatch):
 async def test_the_wizard_reopened_shows_the_culprit_found_earlier(monkeypatch):
     searches = []
 
-    def attribute(pid, duration, *, use_memray, cancelled, progress):
+    def attribute(pid, duration, *, use_memray, cancelled, progress, sites_seen=None):
         searches.append(pid)
         return replace(FOUND, pid=pid)
 
