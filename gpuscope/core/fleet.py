@@ -4,8 +4,9 @@ first; the command that attaches a console to one of them; and a diagnosis from 
 Three uses of the same series (`gpuscope exporter`'s `gpuscope_process_*`):
 
 - `read_fleet(client)`: ONE instant query (its parts tagged with `label_replace`, joined with
-  `or`, as gpuscope.core.prometheus does) for the `FLEET_LIMIT` fastest-growing processes and, for
-  those alone, their GPU memory, RSS, verdict and alert; parsed into immutable `FleetProcess` rows.
+  `or`, as gpuscope.core.prometheus does) for the `FLEET_LIMIT` fastest-growing processes, the
+  `NEW_LIMIT` largest still too new to have a growth rate (listed last), and, for those alone,
+  their GPU memory, RSS, verdict and alert; parsed into immutable `FleetProcess` rows.
   `FleetSource` repeats it on its own thread at the pace Prometheus scrapes the exporters.
 - gpuscope.core.attach builds, from a row, the command that opens gpuscope on its node.
 - `remote_diagnosis(client, node, pid, ...)`: the exporter's history of one process (query_range)
@@ -37,7 +38,8 @@ from gpuscope.core.serving_model import ServingSnapshot, SourceError
 from gpuscope.core.settings import PrometheusConfig
 from gpuscope.errors import GpuscopeError
 
-FLEET_LIMIT = 200  # processes in the fleet view: the fastest growing across every node
+FLEET_LIMIT = 200  # processes in the fleet view: the fastest growing across every node ...
+NEW_LIMIT = 50  # ... and the largest (RSS) of those too new to have a growth rate yet
 MAX_SERIES = 10_000  # series in one answer (a fleet query yields a few per process)
 MAX_POINTS = 10_000  # points per series in a range query (Prometheus itself refuses 11,000)
 LABEL_CHARS = 120
@@ -86,7 +88,7 @@ class FleetProcess:
     gpus: tuple[int, ...] = ()
     gpu_bytes: float | None = None  # on all its GPUs
     rss_bytes: float | None = None
-    growth_bytes_per_s: float | None = None  # the fastest of its series (GPU or RSS)
+    growth_bytes_per_s: float | None = None  # the fastest of its series (GPU or RSS); None: too new
     growth_memory: str = ""  # "gpu" | "rss": which series grows fastest
     verdict: str = ""  # of that series: leak | no-leak | inconclusive ("" before it was judged)
     pattern: str = ""
@@ -112,17 +114,22 @@ class FleetSnapshot:
         return self.state == "ok"
 
 
-def fleet_query(limit: int = FLEET_LIMIT) -> str:
-    """The fleet in one PromQL expression: the `limit` fastest-growing series, and the memory,
-    verdicts and alerts of the processes behind them (matched on node, pid and start_time)."""
+def fleet_query(limit: int = FLEET_LIMIT, new_limit: int = NEW_LIMIT) -> str:
+    """The fleet in one PromQL expression: the `limit` fastest-growing series and the `new_limit`
+    largest processes too new to have a growth series, and the memory, verdicts and alerts of the
+    processes behind them (matched on node, pid and start_time)."""
     top = f"topk({limit}, {GROWTH})"
     on = f"on({', '.join(IDENTITY)})"
+    # An exporter sends a process's RSS from its first sample and its growth only once the floor
+    # has a slope: the processes with the one and not yet the other are the new ones.
+    new = f"topk({new_limit}, {RSS} unless {on} {GROWTH})"
+    listed = f"{top} or {new}"
     parts = {
         "growth": top,
-        "gpu": f"{GPU_MEMORY} and {on} ({top})",
-        "rss": f"{RSS} and {on} ({top})",
-        "verdict": f"{VERDICT} and {on} ({top})",
-        "leak": f"({LEAK} == 1) and {on} ({top})",
+        "gpu": f"{GPU_MEMORY} and {on} ({listed})",
+        "rss": f"{RSS} and {on} ({listed})",
+        "verdict": f"{VERDICT} and {on} ({listed})",
+        "leak": f"({LEAK} == 1) and {on} ({listed})",
         # Each scrape of an exporter counts one: the inverse of the last two samples' rate is the pace
         # Prometheus scrapes them at (none until two scrapes are in).
         "interval": "1 / max(irate(gpuscope_exporter_scrapes_total[1m]))",

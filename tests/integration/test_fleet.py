@@ -20,10 +20,20 @@ from test_exporter import FAST_LEAKER, exporter
 from test_prometheus import prometheus_with_config
 
 
+class Fleet(tuple):
+    """(url, leaker's PID), unpacked as such, with node-a's scenario file beside."""
+
+    def __new__(cls, url, pid, scenario):
+        self = super().__new__(cls, (url, pid))
+        self.scenario = scenario
+        return self
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """(Prometheus URL, the leaker's PID) with both nodes scraped; node-a's target carries the
-    `pod` and `namespace` labels the Prometheus Operator gives an exporter's pod."""
+    `pod` and `namespace` labels the Prometheus Operator gives an exporter's pod. `fleet.scenario`
+    is node-a's fake NVML scenario (read again by its exporter when it changes)."""
     tmp = tmp_path_factory.mktemp("fleet")
     leaker = subprocess.Popen([sys.executable, "-c", FAST_LEAKER], stdout=subprocess.PIPE, text=True)
     try:
@@ -46,7 +56,7 @@ def fleet(tmp_path_factory):
                 f"      - targets: ['127.0.0.1:{port_b}']\n"
             )
             prom = stack.enter_context(prometheus_with_config(tmp, config))
-            yield prom.url, leaker.pid
+            yield Fleet(prom.url, leaker.pid, scenario)
     finally:
         leaker.kill()
         leaker.wait(timeout=10)
@@ -68,7 +78,8 @@ def test_fleet_rows_carry_both_nodes_sorted_by_growth(fleet):
     snapshot, leaker = wait_until(lambda: _fleet_with_leaker(url, pid), timeout=60, interval=1,
                                   what="both nodes' processes, the leaker's GPU among them")
     growth = [p.growth_bytes_per_s for p in snapshot.processes]
-    assert growth == sorted(growth, reverse=True), growth
+    known = [g for g in growth if g is not None]
+    assert growth[:len(known)] == sorted(known, reverse=True), growth  # too new for a rate: last
     assert leaker.gpus == (0,) and leaker.gpu_bytes and leaker.gpu_bytes > 0
     assert leaker.pod == "gpuscope-exporter-x7k2p" and leaker.namespace == "monitoring"
     assert "python" in leaker.command
@@ -184,3 +195,34 @@ def test_fleet_rows_are_one_per_process_fastest_first():
     assert [(r.pid, r.growth_bytes_per_s, r.growth_memory) for r in rows] == [(2, 3e6, "gpu"), (1, 10.0, "rss")]
     assert rows[0].gpus == (1,) and rows[0].gpu_bytes == 4e9 and rows[0].verdict == "leak" and rows[0].alerting
     assert interval == 15.0
+
+
+def test_a_process_too_new_for_a_growth_rate_is_listed_last_without_one(fleet):
+    url, pid = fleet
+    wait_until(lambda: _fleet_with_leaker(url, pid), timeout=60, interval=1, what="the leaker's row")
+    newcomer = subprocess.Popen(["sleep", "600"])
+    before = fleet.scenario.read_text()
+    try:
+        scenario = json.loads(before)
+        scenario["devices"][0]["compute"].append({"pid": newcomer.pid, "used": 9_000_000_000})
+        fleet.scenario.write_text(json.dumps(scenario))
+
+        def listed_without_growth():
+            client = open_client(url, env={})
+            try:
+                rows = read_fleet(client).processes
+            finally:
+                client.close()
+            row = next((p for p in rows if (p.node, p.pid) == ("node-a", newcomer.pid)), None)
+            return (rows, row) if row is not None and row.growth_bytes_per_s is None else None
+
+        rows, row = wait_until(listed_without_growth, timeout=30, interval=0.2,
+                               what="the new process's row before its growth rate")
+        assert row.gpus == (0,) and row.gpu_bytes == 9e9 and row.rss_bytes and "sleep" in row.command
+        assert row.verdict == "" and not row.alerting
+        growing = [p for p in rows if p.growth_bytes_per_s is not None]
+        assert rows[:len(growing)] == tuple(growing)  # the new ones after every growth
+    finally:
+        fleet.scenario.write_text(before)
+        newcomer.kill()
+        newcomer.wait(timeout=10)

@@ -60,3 +60,45 @@ async def test_without_prometheus_the_key_says_what_to_give():
         await pilot.pause()
         assert not isinstance(app.screen, FleetScreen)
         assert any("--prometheus" in n.message for n in app._notifications)
+
+
+HOSTILE = {
+    "gpuscope_query": "growth", "memory": "gpu", "gpu": "0", "pid": "31337", "start_time": "1",
+    "node": "n\x1b]0;pwned\x07ode\u202e-b",
+    "pod": "pod\nsecond line\r\x1b[2J",
+    "user": "\x00root\t",
+    "command": "\x1b[31mpython\x1b[0m serve.py\r\n" + "A" * 5000 + "\x1b[2J\x9b2J tail",
+}
+
+
+def printed_lines(widget) -> list[str]:
+    """The widget's cells as the terminal would get them: one string a screen line."""
+    from textual.geometry import Region
+
+    region = Region(0, 0, widget.size.width, widget.size.height)
+    return ["".join(segment.text for segment in strip) for strip in widget.render_lines(region)]
+
+
+async def test_a_hostile_label_renders_as_one_printable_bounded_line():
+    from gpuscope.core.fleet import COMMAND_CHARS, fleet_rows
+
+    rows, _ = fleet_rows([{"metric": HOSTILE, "value": [0, "5e6"]}])
+    source = FleetSource(lambda: FleetSnapshot(0.0, "http://prometheus:9090", rows, "ok", 1.0), "http://prometheus:9090")
+    app = GpuScopeApp(FakeSource(frame()), fleet=FleetView(source, "ssh -t {node} gpuscope --pid {pid}"))
+    async with app.run_test(size=(160, 30)) as pilot:
+        await pilot.press("f")
+        await pilot.pause(0.3)
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 1
+        assert table.virtual_size.height == 2  # the header and one line for the row, however long the labels
+        lines = printed_lines(table)
+        for line in lines:
+            assert line.isprintable(), repr(line)
+            assert len(line) == table.size.width
+        row = [line for line in lines if "31337" in line]
+        assert len(row) == 1 and "pwned" in row[0] and "second line" in row[0], lines
+        command = table.get_row_at(0)[-1]
+        assert command.plain.isprintable() and len(command.plain) <= COMMAND_CHARS
+        status = printed_lines(app.screen.query_one("#fleet-status"))
+        assert all(line.isprintable() for line in status)
+    source.stop()
