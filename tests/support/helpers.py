@@ -114,7 +114,9 @@ class Tmux:
 
     def _run(self, *args: str) -> str:
         cmd = [self.tmux, "-L", self.socket, "-f", str(self.config), *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        # COLUMNS and LINES (pytest sets them) would size the console instead of the pane.
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env)
         assert out.returncode == 0, out.stderr
         return out.stdout
 

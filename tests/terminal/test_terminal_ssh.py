@@ -104,3 +104,10 @@ def test_ctrl_z_suspends_and_fg_brings_the_whole_screen_back(tmux_session):
     tmux.keys("q")
     wait_until(lambda: "GROW MB/s" not in tmux.screen(), timeout=20, what="the console to end on q")
     assert not tmux.dead()  # the shell is still there: gpuscope gave its terminal back
+
+
+def test_the_console_takes_the_pane_s_size_whatever_the_environment_says(tmux_session):
+    """The terminal tests mean the size they ask for: the console fills a 120x40 pane."""
+    tmux = console(tmux_session, "xterm-256color", size=(120, 40))
+    wait_until(lambda: max(len(ln.rstrip()) for ln in tmux.screen().splitlines()) > 100, timeout=20,
+               what="the console drawn 120 columns wide")
