@@ -177,7 +177,7 @@ def test_a_growing_gpu_service_already_running_fails_on_its_device(tmp_path, spa
     leaker = spawn_python(LEAKER)
     scenario = tmp_path / "nvml.json"
     scenario.write_text(json.dumps({"devices": [{"name": "NVIDIA H200", "compute": [{"pid": leaker.pid, "used": "rss"}]}]}))
-    out = check("--pid", str(leaker.pid), "--rounds", "2", "--warmup-rounds", "0", "--round-seconds", "1.5", "--json",
+    out = check("--pid", str(leaker.pid), "--rounds", "2", "--warmup-rounds", "0", "--round-seconds", "3", "--json",
                 env=fake_nvml_env(scenario))
     assert out.returncode == 1, out.stdout + out.stderr
     result = json.loads(out.stdout)

@@ -4,7 +4,7 @@ downloaded) and langchain-core (chat histories). Each leaks through one function
 fixed twin. Diagnosed at the default duration, three at a time, under `gpuscope run` (the probe;
 memray in the environment); then as deployed, from an environment without memray: under
 `gpuscope run` (the probe brings gpuscope's own memray) and without it (nothing inside the
-process: stack sampling, said as low confidence), all twelve services in one window; and with no
+process: stack sampling, said as low confidence), seven services in one window; and with no
 memray to lend at all (tracemalloc, which cannot see native memory).
 """
 
@@ -133,6 +133,7 @@ def test_the_fixed_service_is_not_a_leak(fixed, name):
 # The bounded services need 10 s of samples outside the tracker's window to be judged no-leak; nine
 # services sharing the machine grow slower than alone.
 WITHOUT_MEMRAY_DURATION_S = 30.0
+WITHOUT_PROBE = ["langchain-core"]
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +171,10 @@ def without_memray(tmp_path_factory, bare_python):
     procs = {}
     try:
         for probe in (True, False):
+            # Without the probe, one leaking service: stack sampling (py-spy) of several at once
+            # would starve the others of the machine's CPU.
             services = {(probe, name, remember): (code, remember) for name, (code, _) in SERVICES.items()
+                        if probe or name in WITHOUT_PROBE
                         for remember in ((True, False) if probe else (True,))}
             procs.update(start_services(folder, bare_python, services, probe))
         return run_together({key: lambda p=p: diagnose(investigate(p.pid, WITHOUT_MEMRAY_DURATION_S))
@@ -188,7 +192,8 @@ def test_without_memray_in_the_service_the_probe_brings_gpuscopes_and_names_the_
     d = without_memray[(True, name, True)]
     assert d.verdict == "leak", d.to_text()
     assert d.suspects[0].function == SERVICES[name][1] and d.suspects[0].method == "memray", d.to_text()
-    assert d.instrument["method"] == "memray" and "gpuscope's own packages" in d.instrument["from"], d.instrument
+    assert d.instrument is not None and d.instrument.method == "memray", d.instrument
+    assert "gpuscope's own packages" in (d.instrument.loaded_from or ""), d.instrument
 
 
 @pytest.mark.parametrize("name", list(SERVICES))
@@ -197,7 +202,7 @@ def test_without_memray_in_the_service_the_fixed_service_is_not_a_leak(without_m
     assert d.verdict == "no-leak", d.to_text()
 
 
-@pytest.mark.parametrize("name", list(SERVICES))
+@pytest.mark.parametrize("name", WITHOUT_PROBE)
 def test_without_memray_or_probe_the_leak_is_found_and_its_code_path_said_to_be_low_confidence(without_memray, name):
     """Nothing can run inside the process: memray is refused with what to do, tracemalloc needs
     the probe, and stack sampling ranks where the process was while its memory grew."""
