@@ -3,7 +3,7 @@ and `gpuscope diagnose --prometheus URL --node N --pid PID [--duration S] ...`.
 
 Watches the process for S seconds (its memory, its GPU, the service's signals) while it looks
 for the code that allocates memory that stays, then prints the seven steps: Markdown-like text,
-or DESIGN.md's gpuscope.diagnosis/1 JSON.
+or the gpuscope.diagnosis/1 JSON object.
 
 With --node, nothing on this machine is watched: the last S seconds (default 600) of the
 history `gpuscope exporter` on node N left in Prometheus are diagnosed instead (steps 1 to 6);

@@ -122,7 +122,7 @@ class Diagnosis:
     instrument: InstrumentCost | None = None  # what the tracker inside the process cost
 
     def to_json(self) -> dict:
-        """DESIGN.md's gpuscope.diagnosis/1 object (with "evidence" and "instrument" added)."""
+        """The gpuscope.diagnosis/1 JSON object (with "evidence" and "instrument" added)."""
         return {
             "schema": SCHEMA,
             "pid": self.pid,
