@@ -3,7 +3,10 @@
     python scripts/screenshot.py [--seconds 25] [--theme gpuscope-dark] [-o docs/console.svg]
 
 It runs the real demo (service + load) and the real console headless at 120x40 for a while,
-then saves Textual's screenshot of it.
+then saves Textual's screenshot of it. The README's pictures were taken in a PID namespace of
+their own, so that the table holds only the demo's processes:
+
+    unshare --pid --fork --mount-proc python scripts/screenshot.py -o docs/console.svg
 """
 
 from __future__ import annotations
