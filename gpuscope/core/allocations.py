@@ -255,7 +255,7 @@ HELD_INTERVAL_S = 1.0  # how often a tracker's held bytes per site are read
 # allocation-heavy service (shown where the operator is asked before anything runs inside it).
 TRACKING_COST = ("expected cost: the service runs up to ~10% slower while it is tracked (memray or "
                  "tracemalloc; stack sampling takes ~20% of a small machine's CPU instead), and keeps "
-                 "~12 MB after (memray's code, once loaded, stays)")
+                 "~12 MB after (memray's code, once loaded, stays; glibc may also keep more of the heap it frees)")
 
 
 @dataclass(frozen=True, slots=True)
