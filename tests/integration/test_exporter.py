@@ -21,8 +21,8 @@ from gpuscope.core.exporter import choose_exported, parse_cgroup
 from gpuscope.core.host import HostProcess
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.rules import render_rules
-from helpers import fake_nvml_env, gpuscope_cmd, wait_until
-from test_prometheus import free_port, prometheus_with_config
+from helpers import fake_nvml_env, free_port, gpuscope_cmd, wait_until
+from prometheus_server import prometheus_with_config
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 FAST_LEAKER = """

@@ -17,7 +17,7 @@ from gpuscope.core.attach import DEFAULT_ATTACH, AttachRefused, attach_argv, run
 from gpuscope.core.fleet import FleetProcess, fleet_rows, open_client, read_fleet
 from helpers import fake_nvml_env, gpuscope_cmd, wait_until
 from test_exporter import FAST_LEAKER, exporter
-from test_prometheus import prometheus_with_config
+from prometheus_server import prometheus_with_config
 
 
 class Fleet(tuple):

@@ -1,6 +1,6 @@
 """The Prometheus source against a real Prometheus (Debian's package, 2.42), and its secrets.
 
-One Prometheus per module, started here on a free loopback port with a temporary data dir and a
+One Prometheus per module, on a free loopback port with a temporary data dir and a
 1 s scrape interval, scraping the demo RAG service and this test's own endpoints: a static
 exposition (the SGLang sample), a linear one (known rates) and a dcgm-exporter-like one (the
 fleet view). The same data read by the scrape source and by PromQL must agree: quantiles to
@@ -9,14 +9,10 @@ fleet view). The same data read by the scrape source and by PromQL must agree: q
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import subprocess
 import time
-import urllib.request
-from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pytest
 
@@ -25,10 +21,10 @@ from gpuscope.core.prometheus import PrometheusCollector
 from gpuscope.core.scrape import ScrapeCollector
 from gpuscope.core.serving import ServingSource, observe
 from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
-from helpers import FIXTURES, free_port, gpuscope_cmd, require_tool, wait_until
+from helpers import FIXTURES, free_port, gpuscope_cmd, wait_until
+from prometheus_server import Prometheus, running_prometheus
 from metrics_server import MetricsServer, RawServer, Reply, ask, demo_service, linear_exposition
 
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 TOKEN = "tok-Zq81-very-secret"
 PASSWORD = "pa55-w0rd-secret"
 
@@ -48,70 +44,6 @@ def dcgm_exposition(start: float):
     return body
 
 
-class Prometheus:
-    def __init__(self, url: str, data: Path) -> None:
-        self.url = url
-        self.data = data
-
-    def get(self, path: str) -> dict:
-        with _DIRECT.open(self.url + path, timeout=10) as r:
-            return json.loads(r.read())
-
-    def query(self, promql: str) -> list[dict]:
-        from urllib.parse import quote
-
-        return self.get(f"/api/v1/query?query={quote(promql)}")["data"]["result"]
-
-    def value(self, promql: str) -> float | None:
-        result = self.query(promql)
-        return float(result[0]["value"][1]) if result else None
-
-
-@contextlib.contextmanager
-def running_prometheus(tmp: Path, jobs: Sequence[tuple[str, str, str]]) -> Iterator[Prometheus]:
-    """Prometheus (Debian's package) on a free loopback port, scraping each (job, metrics path,
-    host:port) every second with its own default Accept header; stopped afterwards."""
-    config = "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n" + "".join(
-        f"  - job_name: {job}\n    metrics_path: {path}\n    static_configs: [{{targets: ['{target}']}}]\n"
-        for job, path, target in jobs
-    )
-    with prometheus_with_config(tmp, config) as prom:
-        yield prom
-
-
-@contextlib.contextmanager
-def prometheus_with_config(tmp: Path, config: str) -> Iterator[Prometheus]:
-    """Prometheus (Debian's package) with this prometheus.yml, on a free loopback port, its data
-    in `tmp`; stopped afterwards."""
-    binary = require_tool("prometheus")
-    (tmp / "prometheus.yml").write_text(config)
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )
-    prom = Prometheus(f"http://127.0.0.1:{port}", tmp / "data")
-    try:
-        wait_until(lambda: _ready(prom) or proc.poll() is not None, timeout=30, what="Prometheus to be ready")
-        assert proc.poll() is None, "prometheus exited at start"
-        # Debian's packaged service listens on :9090; make sure this is the one started here.
-        assert prom.get("/api/v1/status/flags")["data"]["storage.tsdb.path"] == str(tmp / "data")
-        yield prom
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """(prometheus, demo base URL, test endpoints server)."""
@@ -128,14 +60,6 @@ def stack(tmp_path_factory):
             for i in range(3):
                 ask(demo, f"why is memory growing {i}")
             yield prom, demo, endpoints
-
-
-def _ready(prom: Prometheus) -> bool:
-    try:
-        with _DIRECT.open(prom.url + "/-/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def scrape_side(url: str, window_s: float) -> ServingSnapshot:

@@ -30,7 +30,7 @@ from gpuscope.core.serving import observe
 from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
 from helpers import gpuscope_cmd, wait_until
 from real_servers import ACCEPTS, TOKENS_PER_REQUEST, llm_server
-from test_prometheus import running_prometheus
+from prometheus_server import running_prometheus
 
 KINDS = ("vllm", "sglang")
 RATE = 10.0  # requests a second of the live server

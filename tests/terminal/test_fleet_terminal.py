@@ -16,7 +16,8 @@ import urllib.request
 
 import pytest
 
-from helpers import fake_nvml_env, free_port, gpuscope_cmd, require_tool, wait_until
+from helpers import fake_nvml_env, free_port, gpuscope_cmd, wait_until
+from prometheus_server import prometheus_with_config
 
 pytestmark = pytest.mark.terminal
 
@@ -57,7 +58,6 @@ def _process(args: list[str], env: dict[str, str] | None = None):
 def fleet(tmp_path_factory):
     """(Prometheus URL, the leaking process's PID): one exporter (node-a) whose fake GPU holds a
     `sleep` whose memory grows at RATE, scraped every second by a real Prometheus."""
-    prometheus = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("fleet-terminal")
     scenario = tmp / "nvml.json"
     stop = threading.Event()
@@ -86,16 +86,10 @@ def fleet(tmp_path_factory):
         stack.enter_context(_process([*gpuscope_cmd(), "--refresh", "0.5", "exporter", "--listen", f"127.0.0.1:{port}",
                                       "--node-name", "node-a"], env))
         wait_until(lambda: _answers(f"http://127.0.0.1:{port}/metrics"), timeout=30, what="the exporter")
-        (tmp / "prometheus.yml").write_text(
+        prometheus = stack.enter_context(prometheus_with_config(tmp, (
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: gpuscope\n"
-            f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")
-        prom_port = free_port()
-        stack.enter_context(_process([prometheus, f"--config.file={tmp / 'prometheus.yml'}",
-                                      f"--storage.tsdb.path={tmp / 'data'}",
-                                      f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"]))
-        url = f"http://127.0.0.1:{prom_port}"
-        wait_until(lambda: _answers(f"{url}/-/ready"), timeout=30, what="Prometheus")
-        yield url, leaker.pid
+            f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")))
+        yield prometheus.url, leaker.pid
 
 
 def row_of(screen: str, pid: int) -> str:
