@@ -36,7 +36,7 @@ import urllib.request
 
 from _harness import (Cleanup, dump_json, free_port, gpuscope_cmd, install_signal_handlers, machine, print_table,
                       require_tool, run_script)
-from helpers import fake_nvml_env, wait_until
+from helpers import answers, fake_nvml_env, wait_until
 
 MB = 1_000_000
 BASE = 2_000_000_000  # each process's GPU memory when it appears
@@ -147,7 +147,7 @@ def measure(cleanup: Cleanup, opts, rates: list[float]) -> dict:
          "--node-name", "bench"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL))
     metrics = f"http://127.0.0.1:{port}/metrics"
-    wait_until(lambda: _answers(metrics), timeout=60, what="the exporter")
+    wait_until(lambda: answers(metrics), timeout=60, what="the exporter")
     rules = rules_file(cleanup, opts.horizons)
     every = f"{opts.interval:g}s"
     (tmp / "prometheus.yml").write_text(
@@ -160,7 +160,7 @@ def measure(cleanup: Cleanup, opts, rates: list[float]) -> dict:
          f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     base = f"http://127.0.0.1:{prom_port}"
-    wait_until(lambda: _answers(f"{base}/-/ready"), timeout=60, what="Prometheus")
+    wait_until(lambda: answers(f"{base}/-/ready"), timeout=60, what="Prometheus")
     rule_groups = json.loads(get(f"{base}/api/v1/rules"))["data"]["groups"]
     if not any(r.get("name", "").startswith("GpuscopeLeak") for g in rule_groups for r in g["rules"]):
         raise SystemExit("Prometheus did not load gpuscope's leak rules")
@@ -217,13 +217,6 @@ def measure(cleanup: Cleanup, opts, rates: list[float]) -> dict:
         "wall_s": round(time.time() - t0, 1),
         "runs": sorted(runs.values(), key=lambda r: (r["kind"], r["rate"], r["round"])),
     }
-
-
-def _answers(url: str) -> bool:
-    try:
-        return bool(get(url, timeout=2))
-    except OSError:
-        return False
 
 
 def spread(values: list) -> str:

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +67,18 @@ def canary_says(monkeypatch, problem: str | None) -> None:
 
     monkeypatch.setattr(target, "_SAFE_INJECTION", {})
     monkeypatch.setattr(target, "_canary", lambda gdb, interpreter: problem)
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+
+
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether `url` answers 200 right now (a server under test coming up)."""
+    try:
+        with _DIRECT.open(url, timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from helpers import free_port, require_tool, wait_until
+from helpers import answers, free_port, require_tool, wait_until
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -65,7 +65,7 @@ def prometheus_with_config(tmp: Path, config: str) -> Iterator[Prometheus]:
     )
     prom = Prometheus(f"http://127.0.0.1:{port}", tmp / "data")
     try:
-        wait_until(lambda: _ready(prom) or proc.poll() is not None, timeout=30, what="Prometheus to be ready")
+        wait_until(lambda: answers(prom.url + "/-/ready") or proc.poll() is not None, timeout=30, what="Prometheus to be ready")
         assert proc.poll() is None, "prometheus exited at start"
         # Debian's packaged service listens on :9090; make sure this is the one started here.
         assert prom.get("/api/v1/status/flags")["data"]["storage.tsdb.path"] == str(tmp / "data")
@@ -77,11 +77,3 @@ def prometheus_with_config(tmp: Path, config: str) -> Iterator[Prometheus]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-
-
-def _ready(prom: Prometheus) -> bool:
-    try:
-        with _DIRECT.open(prom.url + "/-/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False

@@ -12,16 +12,14 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 
 import pytest
 
-from helpers import fake_nvml_env, free_port, gpuscope_cmd, wait_until
+from helpers import answers, fake_nvml_env, free_port, gpuscope_cmd, wait_until
 from prometheus_server import prometheus_with_config
 
 pytestmark = pytest.mark.terminal
 
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
 FLEET = "fleet · "  # the fleet view's status line
 RATE = 2e9  # bytes/s of (fake) GPU memory: faster than anything else on the machine, so the first row
 ATTACH_SCRIPT = """#!/bin/sh
@@ -29,14 +27,6 @@ printf 'attach-probe argv: %s\\n' "$*"
 printf 'press Enter to go back\\n'
 read -r _
 """
-
-
-def _answers(url: str) -> bool:
-    try:
-        with _DIRECT.open(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager
@@ -85,7 +75,7 @@ def fleet(tmp_path_factory):
         env = {**fake_nvml_env(scenario), "XDG_CONFIG_HOME": str(tmp / "config"), "XDG_STATE_HOME": str(tmp / "state")}
         stack.enter_context(_process([*gpuscope_cmd(), "--refresh", "0.5", "exporter", "--listen", f"127.0.0.1:{port}",
                                       "--node-name", "node-a"], env))
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/metrics"), timeout=30, what="the exporter")
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/metrics"), timeout=30, what="the exporter")
         prometheus = stack.enter_context(prometheus_with_config(tmp, (
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: gpuscope\n"
             f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")))
