@@ -182,11 +182,12 @@ def _plan(args: argparse.Namespace, command: list[str], settings: Settings) -> t
 def _metrics(args: argparse.Namespace, settings: Settings) -> RoundMetrics | None:
     if not args.metrics_url:
         return None
-    from gpuscope.core.serving import make_collector  # noqa: PLC0415
+    from gpuscope.core.profiles import load_profiles  # noqa: PLC0415
+    from gpuscope.core.scrape import ScrapeCollector  # noqa: PLC0415
 
     try:
-        return RoundMetrics(lambda window: make_collector(window_s=window, metrics_urls=args.metrics_url,
-                                                          config=settings.config))
+        profiles = load_profiles(settings.config)
+        return RoundMetrics(lambda window: ScrapeCollector(args.metrics_url, window_s=window, profiles=profiles))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -223,7 +223,10 @@ class NodeCollector(Collector):
                 p_rss.add_metric(ident, p.rss_bytes)
             rows = rows_by_pid.get(p.pid, ())
             rss_growth = next((r.rss_growth_bytes_per_s for r in rows), None)
-            series = [("rss", "", rss_growth, ("rss", p.pid, p.create_time), ("rss", p.pid, None))]
+            # (memory, gpu label, growth, the watch's key, the alerts' key)
+            series: list[tuple[str, str, float | None, tuple, tuple]] = [
+                ("rss", "", rss_growth, ("rss", p.pid, p.create_time), ("rss", p.pid, None))
+            ]
             for r in rows:
                 if r.gpu is None:
                     continue

@@ -155,7 +155,7 @@ _FIRST_TOKEN = re.compile(r"[^{\s]*")  # what an unusual line names, roughly (fo
 _META_NAMES = re.compile(r"^[ \t]*#[ \t]+(?:HELP|TYPE|UNIT)[ \t]+(\S+)", re.M)
 
 
-_UNSEEN = object()
+_UNSEEN: Labels = (("", ""),)  # a label set no text parses to: "not parsed yet", told apart by identity
 
 
 def _unescape(value: str) -> str:
@@ -184,7 +184,8 @@ def parse_exposition(
     label_sets: dict[str, Labels | None] = {}  # the same label text recurs (same labels, same buckets)
     malformed = skipped = slow_lines = 0
     header: list[str] = []  # the current family's metadata (for OpenMetrics' slow way)
-    family = alias = None  # the current family's name, and its mangled spelling (see _restore)
+    family = ""  # the current family's name ("" before any) ...
+    alias: str | None = None  # ... and its mangled spelling (see _restore)
     after_sample = False
     for line in text.splitlines():
         m = _SAMPLE.fullmatch(line)
@@ -199,6 +200,7 @@ def parse_exposition(
             if keep is not None and name not in keep and wanted_as not in keep:
                 skipped += 1
                 continue
+            labels: Labels | None
             if not label_text:
                 labels = ()
             elif (labels := label_sets.get(label_text, _UNSEEN)) is _UNSEEN:
@@ -225,11 +227,13 @@ def parse_exposition(
                     header, after_sample = [], False
                 header.append(stripped)
                 parts = stripped.split(None, 3)
-                family = rename(parts[2].strip('"')) if len(parts) > 2 else None
+                family = rename(parts[2].strip('"')) if len(parts) > 2 else ""
                 alias = _mangled(family) if family else None
             continue  # a comment, or the closing # EOF
         after_sample = True
-        if keep is not None and rename(_FIRST_TOKEN.match(stripped).group()) not in keep:
+        first_token = _FIRST_TOKEN.match(stripped)
+        assert first_token is not None  # the pattern matches any string
+        if keep is not None and rename(first_token.group()) not in keep:
             skipped += 1
             continue
         samples = _parse_slowly(stripped, header, openmetrics) if slow_lines < MAX_SLOW_LINES else None
@@ -237,13 +241,13 @@ def parse_exposition(
         if samples is None:
             malformed += 1
             continue
-        for name, labels, value in samples:
+        for name, label_map, value in samples:
             name = wanted_as = rename(name)
             if alias is not None and name.startswith(alias) and name[len(alias) :] in _SUFFIXES:
                 name = family + name[len(alias) :]
             names.add(name)
             if keep is None or name in keep or wanted_as in keep:
-                series.setdefault(name, []).append((tuple(sorted((rename(k), v) for k, v in labels.items())), value))
+                series.setdefault(name, []).append((tuple(sorted((rename(k), v) for k, v in label_map.items())), value))
     return Exposition(series, frozenset(names), malformed, openmetrics, skipped, format_of(content_type, openmetrics))
 
 

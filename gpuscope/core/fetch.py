@@ -227,11 +227,12 @@ def _shut(sock: socket.socket) -> None:
         pass  # already closed by the peer
 
 
-class _Watched:
+class _Watched(http.client.HTTPConnection):
     """An http.client connection whose sockets are opened within, and watched by, a deadline."""
 
     def __init__(self, *args, deadline: _Deadline, **kwargs) -> None:
-        super().__init__(*args, timeout=deadline.left(), **kwargs)
+        kwargs["timeout"] = deadline.left()
+        super().__init__(*args, **kwargs)
         self._deadline = deadline
         self._create_connection = self._open  # http.client's hook for opening its socket
 

@@ -148,7 +148,7 @@ def _table(run: CheckRun, verdict: Verdict) -> list[str]:
 def to_junit(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
     """JUnit XML: a test case per round (rounds the check did not reach are skipped) and per criterion."""
     cases: list[ET.Element] = []
-    planned = int(run.settings.get("rounds") or 0)
+    planned = _setting_count(run, "rounds")
     reached = {r.number for r in run.rounds}
     for r in run.rounds:
         case = _case("gpuscope.check.rounds", _round_name(r, run), r.duration_s)
@@ -177,9 +177,10 @@ def to_junit(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
     failures = sum(1 for c in cases if c.find("failure") is not None)
     skipped = sum(1 for c in cases if c.find("skipped") is not None)
     total_time = f"{sum(r.duration_s for r in run.rounds):.3f}"
-    counts = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped), "time": total_time}
-    root = ET.Element("testsuites", name="gpuscope check", **counts)
-    suite = ET.SubElement(root, "testsuite", name="gpuscope check", **counts)
+    counts: dict[str, str] = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped), "time": total_time}
+    attributes = {"name": "gpuscope check", **counts}
+    root = ET.Element("testsuites", attributes)
+    suite = ET.SubElement(root, "testsuite", attributes)
     props = ET.SubElement(suite, "properties")
     for name, value in (("command", run.command), ("baseline", baseline.path if baseline else "none"),
                         ("verdict", "pass" if verdict.passed else "fail")):
@@ -263,8 +264,8 @@ def _charts(run: CheckRun) -> list[str]:
 
     out: list[str] = []
     for series in run.series()[:CHART_SERIES]:
-        points = [(float(r.number), r.floor(series) / 2**20) for r in run.rounds
-                  if r.completed and r.number >= 0 and r.floor(series) is not None]
+        floors = ((r.number, r.floor(series)) for r in run.rounds if r.completed and r.number >= 0)
+        points = [(float(number), floor / 2**20) for number, floor in floors if floor is not None]
         if len(points) < 2:
             continue
         # A flat service must look flat: the axis spans at least CHART_MIN_SPAN of the floor.
@@ -287,9 +288,14 @@ def _code(text: object) -> str:
 # -- shared words ------------------------------------------------------------------------------------
 
 
+def _setting_count(run: CheckRun, key: str) -> int:
+    value = run.settings.get(key)
+    return value if isinstance(value, int) else 0
+
+
 def _rounds_line(run: CheckRun) -> str:
     s = run.settings
-    warm = int(s.get("warmup_rounds") or 0)
+    warm = _setting_count(run, "warmup_rounds")
     head = f"{s.get('rounds')} (+{warm} warm-up)" if warm else f"{s.get('rounds')} (no warm-up)"
     if s.get("load"):
         each = f"each one run of the load command `{s['load']}`"

@@ -36,17 +36,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psutil
 
 from gpuscope.core import allocations, attribution, probe_client, pyspy
 from gpuscope.core import fetch
-from gpuscope.core.exposition import Endpoint
+from gpuscope.core.exposition import Endpoint, Exposition
 from gpuscope.core.gate import SITES_PER_ROUND, CheckRun, Memory, Round, Site
 from gpuscope.core.leak import LeakThresholds, LeakWatch
 from gpuscope.core.poller import Poller, Reading
 from gpuscope.core.redact import redact_command
 from gpuscope.core.serving_model import SourceError
+
+if TYPE_CHECKING:
+    from gpuscope.core.scrape import ScrapeCollector
 
 TREE_REFRESH_S = 1.0
 MAX_TREE = 64  # processes of the tree measured (a service with more workers is measured by its first 64)
@@ -395,15 +399,16 @@ def prime_memray(memory: TreeMemory, wait_s: float) -> list[str]:
 class RoundMetrics:
     """Requests and P95 latency over a round, from one scrape of each /metrics at each end.
 
-    `collector(window_s)` makes a collector (gpuscope.core.scrape.ScrapeCollector) for that window;
-    its evaluation over exactly two scrapes is PromQL's rate and histogram_quantile over the round."""
+    `collector(window_s)` makes a collector for that window; its evaluation over exactly two scrapes
+    is PromQL's rate and histogram_quantile over the round."""
 
-    def __init__(self, collector: Callable[[float], object]) -> None:
+    def __init__(self, collector: Callable[[float], ScrapeCollector]) -> None:
         self._collector = collector
         self._readers = collector(1.0).readers()
 
     def read(self) -> tuple[list, str | None]:
-        readings, problem = [], None
+        readings: list[tuple[float, Exposition] | None] = []
+        problem: str | None = None
         for read in self._readers:
             try:
                 readings.append(read())

@@ -126,15 +126,18 @@ def run_as(owner: Owner | None, cmd: list[str], *, env: dict[str, str] | None = 
             proc.kill()
             proc.wait()
         for pipe in (proc.stdout, proc.stderr):
-            pipe.close()
+            if pipe is not None:
+                pipe.close()
 
 
 def _drain(proc: subprocess.Popen, deadline: float, limit: int) -> tuple[str, str] | None:
     """(stdout, stderr) read until both close, `limit` bytes of each kept; None when the deadline
     passes first."""
-    kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    assert proc.stdout is not None and proc.stderr is not None  # started with both piped
+    pipes = (proc.stdout, proc.stderr)
+    kept = {pipe.fileno(): bytearray() for pipe in pipes}
     with selectors.DefaultSelector() as selector:
-        for pipe in (proc.stdout, proc.stderr):
+        for pipe in pipes:
             selector.register(pipe, selectors.EVENT_READ)
         while selector.get_map():
             left = deadline - time.monotonic()
@@ -147,7 +150,7 @@ def _drain(proc: subprocess.Popen, deadline: float, limit: int) -> tuple[str, st
                     continue
                 buffer = kept[key.fd]
                 buffer += chunk[: max(0, limit - len(buffer))]
-    out, err = (bytes(kept[p.fileno()]).decode("utf-8", "replace") for p in (proc.stdout, proc.stderr))
+    out, err = (bytes(kept[p.fileno()]).decode("utf-8", "replace") for p in pipes)
     return out, err
 
 
@@ -226,8 +229,7 @@ class SharedFolder:
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
                     raise
-                why = "a symbolic link: not followed"
-                raise OSError(f"{name} in the folder shared with the process is {why}") from None
+                raise OSError(f"{name} in the folder shared with the process is a symbolic link: not followed") from None
         finally:
             os.close(folder)
         st = os.fstat(fd)
@@ -251,7 +253,7 @@ def sweep_stale_folders(tmp: str | None = None) -> list[str]:
     only folders of gpuscope's name pattern, owned by this user, that are real folders (not
     links). Returns what was removed."""
     tmp = tmp or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         entries = os.scandir(tmp)
     except OSError:

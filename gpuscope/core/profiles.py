@@ -274,15 +274,15 @@ def spelled(kind: str, ref: MetricRef, present: Iterable[str]) -> MetricRef | No
     present = present if isinstance(present, (set, frozenset)) else set(present)
     if ref.selector.name is None:
         return ref if sample_names(kind, ref.selector, present) else None
-    candidates = [
-        ref if name == ref.selector.name else MetricRef(ref.selector.renamed(name), ref.scale)
+    candidates = {
+        name: ref if name == ref.selector.name else MetricRef(ref.selector.renamed(name), ref.scale)
         for name in spellings(ref.selector.name)
-    ]
+    }
     if kind == "counter":
-        found = next((c for c in candidates if counter_names(c.selector.name)[1] in present), None)
+        found = next((c for name, c in candidates.items() if counter_names(name)[1] in present), None)
         if found is not None:
             return found
-    return next((c for c in candidates if sample_names(kind, c.selector, present)), None)
+    return next((c for c in candidates.values() if sample_names(kind, c.selector, present)), None)
 
 
 def kept_names(profile: Profile, present: Iterable[str]) -> set[str]:
@@ -381,8 +381,9 @@ def plan(resolved: Resolved, window_s: float) -> dict[str, Query]:
         for suffix in wanted:
             queries[f"{prefix}_{suffix}"] = Quantile(ref, QUANTILES[suffix])
     for slot in COUNTER_SLOTS:
-        if s[slot] is not None:
-            queries[slot] = CounterSum(s[slot])
+        counted = s[slot]
+        if counted is not None:
+            queries[slot] = CounterSum(counted)
     if s["queue"] is not None:
         queries["queue_depth"] = GaugeAggregate(s["queue"], "sum")
     if s["kv_cache"] is not None:
@@ -403,13 +404,15 @@ def assemble(resolved: Resolved, window_s: float, answers: Mapping[str, Answer])
     """Signals and stages from the answers to `plan(resolved, window_s)`."""
     s = resolved.slots
 
+    def scaled(key: str, slot: str) -> float | None:
+        value, ref = _scalar(answers, key), s[slot]
+        return None if value is None or ref is None else value * ref.scale
+
     def quantile(key: str, slot: str) -> float | None:
-        value = _scalar(answers, key)
-        return finite_or_none(None if value is None else value * s[slot].scale)
+        return finite_or_none(scaled(key, slot))
 
     def counter(slot: str) -> float | None:
-        value = _scalar(answers, slot)
-        return None if value is None else value * s[slot].scale
+        return scaled(slot, slot)
 
     errors, requests = counter("errors"), counter("requests")
     if errors is None and requests is not None and s["errors"] is not None:
@@ -441,8 +444,10 @@ def _stages(resolved: Resolved, answers: Mapping[str, Answer]) -> tuple[StageSta
     for i, source in enumerate(resolved.stages):
         scale = source.histogram.scale
         per_key = {suffix: answers.get(f"stage{i}.{suffix}", {}) for suffix in (*QUANTILES, "sum")}
+        names: dict[str, str | None]
         if source.label is None:
-            names = {source.name: None} if any(None in a for a in per_key.values()) else {}
+            stage = source.name
+            names = {stage: None} if stage is not None and any(None in a for a in per_key.values()) else {}
         else:
             names = {k: k for a in per_key.values() for k in a if k}  # "": series without the label
         for name, key in names.items():

@@ -97,8 +97,8 @@ class PrometheusAuth:
         netloc, url_user, url_password = parts.netloc, None, None
         if "@" in netloc:
             userinfo, netloc = netloc.rsplit("@", 1)
-            user, _, password = userinfo.partition(":")
-            url_user, url_password = unquote(user) or None, unquote(password) or None
+            quoted_user, _, quoted_password = userinfo.partition(":")
+            url_user, url_password = unquote(quoted_user) or None, unquote(quoted_password) or None
         clean = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
         token = env.get(ENV_TOKEN) or config.token
@@ -257,8 +257,10 @@ class PrometheusCollector:
         self.target = redact_text(clean) + (f"{{{shown}}}" if shown else "")
         session = requests.Session()
         session.trust_env = False  # fetch reads the proxy settings; no ~/.netrc credentials
+        # The client annotates `headers: dict = None`, `auth: tuple = None`, `timeout: int`; it takes
+        # None and float seconds.
         self._client = PrometheusConnect(
-            url=clean, headers=auth.headers(), auth=auth.basic(), timeout=timeout, session=session
+            url=clean, headers=auth.headers(), auth=auth.basic(), timeout=timeout, session=session  # type: ignore[arg-type]
         )
         transport = _BoundedTransport(f"Prometheus at {self.target}", timeout=timeout, retries=retries)
         for prefix in ("http://", "https://", clean):  # `clean`: the client mounted its own adapter there
@@ -318,7 +320,7 @@ class PrometheusCollector:
     def _metric_names(self, now: float) -> list[str]:
         if self._names is None or now - self._names_at >= self._names_refresh_s:
             params = {"match[]": "{" + ",".join(m.promql() for m in self._filters) + "}"} if self._filters else None
-            names = self._client.get_label_values("__name__", params=params)
+            names = self._client.get_label_values("__name__", params=params or {})
             if not isinstance(names, list):
                 raise ValueError("label values are not a list")
             if len(names) > MAX_NAMES:
@@ -426,7 +428,7 @@ class _BoundedTransport(BaseAdapter):
         response._content = answer.body  # what requests' own adapter leaves there once read
         response.url = request.url
         response.request = request
-        response.connection = self
+        response.connection = self  # type: ignore[assignment]  # requests annotates its own HTTPAdapter
         return response
 
     def close(self) -> None:

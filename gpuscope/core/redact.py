@@ -176,6 +176,7 @@ def _mask_option_values(text: str) -> str:
     out: list[str] = []
     pos = 0
     pending: str | None = None
+    replacement: str | None
     program = ""
     for m in _WORD.finditer(text):
         word = m.group()
@@ -229,9 +230,9 @@ def redact_command(args: Sequence[str] | str) -> str:
     """One printable, redacted command line from an argv list (or an already joined string)."""
     if isinstance(args, str):
         try:
-            args = shlex.split(args)
+            args = shlex.split(joined := args)
         except ValueError:
-            return redact_text(args)
+            return redact_text(joined)
     return printable(" ".join(_quote(a) for a in _redact_argv(args)))
 
 

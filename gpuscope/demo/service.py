@@ -437,7 +437,7 @@ class Server(ThreadingHTTPServer):
 
 def make_server(service: RagService, host: str = "127.0.0.1", port: int = 0) -> Server:
     handler = type("BoundHandler", (Handler,), {"service": service})
-    server_class = Server
+    server_class: type[Server] = Server
     if ":" in host:  # an IPv6 literal such as ::1
         server_class = type("Server6", (Server,), {"address_family": socket.AF_INET6})
     return server_class((host, port), handler)
@@ -495,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_probe:
         probe.start()  # idle until gpuscope asks; a failure is one line on stderr, never fatal
     host, port = server.server_address[:2]
-    shown = f"[{host}]" if ":" in str(host) else host
+    host = host.decode() if isinstance(host, bytes) else host  # a socket address is bytes only for AF_UNIX
+    shown = f"[{host}]" if ":" in host else host
     # The one line on stdout: the parent reads the port from it.
     print(f"listening on http://{shown}:{port}", flush=True)
 

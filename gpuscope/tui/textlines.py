@@ -13,6 +13,7 @@ a Rich Text, never markup, so "[bold]" in a command line is shown as it is.
 
 from __future__ import annotations
 
+from rich.console import OverflowMethod
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -122,12 +123,12 @@ class TextLines(Widget):
         if self.wrap:
             wrapped = list(self._text.wrap(console, max(1, width), no_wrap=False))
         else:
-            wrapped = self._text.split("\n", allow_blank=True)
+            wrapped = list(self._text.split("\n", allow_blank=True))
         for line in wrapped:
             line.end = ""
             if not self.wrap and line.cell_len > width:
                 # Only text that does not fit earns an ellipsis; trailing padding is just cut.
-                overflow = "crop" if not line.plain[width:].strip() else "ellipsis"
+                overflow: OverflowMethod = "crop" if not line.plain[width:].strip() else "ellipsis"
                 line.truncate(width, overflow=overflow)
             segments = list(line.render(console))
             strips.append(Strip(segments, line.cell_len))
