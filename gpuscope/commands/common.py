@@ -17,6 +17,9 @@ from gpuscope.errors import Failure, UsageError
 if TYPE_CHECKING:
     from gpuscope.config import Settings
     from gpuscope.core.serving import ServingSource
+    from gpuscope.core.session.interface import Session
+    from gpuscope.tui.app import GpuScopeApp
+    from gpuscope.tui.fleet import FleetView
 
 PID_LIMIT = 2**31  # Linux PIDs stay below 2**22
 DAY_S = 86400.0
@@ -104,6 +107,14 @@ def console_theme(settings: Settings) -> str:
     if theme.origin in ("file", "environment"):
         theme_check(theme.value, f" (console.theme from {theme.detail})")
     return settings.theme
+
+
+def console_app(session: Session, settings: Settings, *, fleet: FleetView | None = None) -> GpuScopeApp:
+    """The console over a live or a recorded session, with the same settings either way."""
+    from gpuscope.tui.app import GpuScopeApp  # noqa: PLC0415 - Textual only for the console
+
+    return GpuScopeApp(session, theme=console_theme(settings), slo=settings.slo, thresholds=settings.thresholds,
+                       fleet=fleet)
 
 
 def terminal_check() -> None:

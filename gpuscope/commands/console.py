@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpuscope.commands.common import add_service_arguments, attach_check, console_theme, pid, serving_source, terminal_check
+from gpuscope.commands.common import add_service_arguments, attach_check, console_app, console_theme, pid, serving_source, terminal_check
 
 if TYPE_CHECKING:
     from gpuscope.config import Settings
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    theme = console_theme(settings)
+    console_theme(settings)  # a theme that is gone is said before anything starts
     if args.pid is not None:
         attach_check(args.pid)
     serving = serving_source(settings)
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     source = NodeSource(interval=settings.refresh_s, focus_pid=args.pid, thresholds=settings.thresholds)
     fleet = fleet_view(settings, serving)
-    return run_console(settings, source, serving, theme=theme, pid=args.pid, fleet=fleet,
+    return run_console(settings, source, serving, pid=args.pid, fleet=fleet,
                        cleanups=(fleet.source.stop,) if fleet else ())
 
 
@@ -54,15 +54,13 @@ def fleet_view(settings: Settings, serving: Any) -> Any:
     return FleetView(FleetSource.of(client), settings.fleet.attach)
 
 
-def run_console(settings: Settings, source: Any, serving: Any, *, theme: str, pid: int | None,
+def run_console(settings: Settings, source: Any, serving: Any, *, pid: int | None,
                 cleanups: Sequence[Callable[[], object]] = (), fleet: Any = None) -> int:
     """Run the live console over `source` (and `serving`), recording the session to its journal."""
     from gpuscope.core.session.live import LiveSession
-    from gpuscope.tui.app import GpuScopeApp
 
     journal = open_journal(settings, pid=pid)
-    app = GpuScopeApp(LiveSession(source, serving=serving, journal=journal), theme=theme, slo=settings.slo,
-                      thresholds=settings.thresholds, fleet=fleet)
+    app = console_app(LiveSession(source, serving=serving, journal=journal), settings, fleet=fleet)
     for cleanup in (journal.close, *cleanups):  # also when a lost terminal cuts the exit short
         app.add_cleanup(cleanup)
     try:

@@ -93,9 +93,9 @@ def _console(demo: Demo, settings: Settings) -> int:
     from gpuscope.core.node import NodeSource
 
     assert demo.service is not None
-    theme = console_theme(settings)
+    console_theme(settings)  # a theme that is gone is said before the console starts
     source = NodeSource(interval=settings.refresh_s, focus_pid=demo.service.pid, thresholds=settings.thresholds)
     serving = serving_source(settings, [f"{demo.url}/metrics"])
     # The console ends itself cleanly on SIGTERM / SIGHUP; run's finally then stops the children.
     # If the terminal is lost and that exit cannot finish, the app runs demo.stop itself.
-    return run_console(settings, source, serving, theme=theme, pid=demo.service.pid, cleanups=(demo.stop,))
+    return run_console(settings, source, serving, pid=demo.service.pid, cleanups=(demo.stop,))

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from gpuscope.commands.common import console_theme, terminal_check
+from gpuscope.commands.common import console_app, console_theme, terminal_check
 from gpuscope.config import Settings
-from gpuscope.core.session.recording import open_recording
+from gpuscope.core.session.recording import Recording, open_recording
+
+if TYPE_CHECKING:
+    from gpuscope.tui.app import GpuScopeApp
 
 
 
@@ -23,15 +27,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the snapshot or journal")
 
 
+def replay_app(recording: Recording, settings: Settings) -> GpuScopeApp:
+    from gpuscope.core.session.replay import ReplaySession
+
+    return console_app(ReplaySession(recording), settings)
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    theme = console_theme(settings)
+    console_theme(settings)  # a theme that is gone is said before the file is read
     recording = open_recording(args.file)
     terminal_check()
     if recording.damage:
         print(f"note: {recording.damage}", file=sys.stderr)
-    from gpuscope.core.session.replay import ReplaySession
-    from gpuscope.tui.app import GpuScopeApp
-
-    app = GpuScopeApp(ReplaySession(recording), theme=theme, thresholds=settings.thresholds)
+    app = replay_app(recording, settings)
     app.run()
     return app.return_code or 0

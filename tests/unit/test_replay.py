@@ -242,3 +242,18 @@ def test_the_report_lists_its_subject_among_the_processes_however_small(tmp_path
     j.close()
     table = build_report(open_recording(path)).split("## Processes at the end")[1]
     assert "| 31337 |" in table and table.count("`python big") == 10  # the ten largest, and the subject
+
+
+async def test_a_replay_judges_by_the_same_settings_as_the_live_console(tmp_path):
+    from gpuscope.commands.replay import replay_app
+    from gpuscope.config import Settings
+
+    config = tmp_path / "config.toml"
+    config.write_text("[slo]\ne2e_latency_p95_s = 0.25\n\n[alerts]\nmin_rate = 3.5e6\n")
+    settings = Settings.load(env={"GPUSCOPE_CONFIG": str(config)})
+    path, _ = leaking_session(tmp_path)
+    app = replay_app(open_recording(path), settings)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        assert app.query_one(ServicePanel).slo.e2e_latency_p95_s == 0.25
+        assert app.thresholds == settings.thresholds and app.thresholds.min_rate == 3.5e6
