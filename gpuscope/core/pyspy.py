@@ -203,7 +203,7 @@ def sample(
     native: bool = False,
     nonblocking: bool | None = None,
     cancelled: Callable[[], bool] = lambda: False,
-    progress: Callable[[int, int], None] = lambda done, total: None,
+    progress: Callable[[int, int], object] = lambda done, total: None,
     stop: threading.Event | None = None,
 ) -> StackSample:
     """`samples` dumps `interval` seconds apart, aggregated into hot paths.

@@ -26,6 +26,7 @@ from gpuscope.core import allocations, pyspy
 from gpuscope.core.attribution import Attribution
 from gpuscope.core.stacks import KIND_LEGEND, KIND_MARK, LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
 from gpuscope.core.units import format_size
+from gpuscope.tui.app_session import session_of
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
 from gpuscope.tui.palette import palette_of
 from gpuscope.tui.textlines import printable_text
@@ -136,7 +137,7 @@ class DumpScreen(CodePathScreen):
         except pyspy.PySpyError as exc:
             self.post_message(WorkFailed(str(exc)))
             return
-        self.app.session.record("stacks", dump)
+        session_of(self.app).record("stacks", dump)
         self.post_message(CodePathRead(dump))
 
     def show(self, dump: StackDump) -> None:
@@ -183,7 +184,7 @@ class SampleScreen(CodePathScreen):
             self.post_message(WorkFailed(str(exc)))
             return
         if not self.cancel.is_set():
-            self.app.session.record("hot-paths", result)
+            session_of(self.app).record("hot-paths", result)
         self.post_message(CodePathRead(result))
 
     def show(self, sample: StackSample) -> None:
@@ -242,7 +243,7 @@ class SuspectsScreen(CodePathScreen):
             self.pid, self.seconds, use_memray=self.use_memray, cancelled=self.cancel.is_set, progress=progress
         )
         if not self.cancel.is_set():
-            self.app.session.record("allocations", result)
+            session_of(self.app).record("allocations", result)
         self.post_message(CodePathRead(result))
 
     def show(self, result: Attribution) -> None:
