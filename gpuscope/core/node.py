@@ -16,10 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess
 from gpuscope.core.target import is_python
-from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series
 from gpuscope.core.leak import LeakAlert, LeakThresholds, LeakWatch
 from gpuscope.core.model import (
     Alert,
@@ -38,6 +38,9 @@ from gpuscope.core.nvml import NvmlCollector
 from gpuscope.core.poller import Poller, Reading, pace
 from gpuscope.core.store import SeriesStore
 from gpuscope.core.units import format_bytes
+
+if TYPE_CHECKING:  # imported when a diagnosis asks: the console starts without it
+    from gpuscope.core.diagnosis import Evidence
 
 MAX_PYTHON_ROWS = 20
 MAX_RSS_ROWS = 15
@@ -395,6 +398,8 @@ def evidence_of(
     device_history: Callable[..., tuple[list[float], list[float | None]]],
 ) -> Evidence:
     """A diagnosis's evidence from a source's latest frame and its recorded series (live or replay)."""
+    from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series
+
     series = history(pid, seconds, now=now)
     times = tuple(-a for a in series.ages) if series else ()
     has_gpu = series is not None and any(v is not None for v in series.gpu_bytes)
