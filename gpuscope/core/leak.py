@@ -439,13 +439,16 @@ def _judge(sketch: FloorSketch, th: LeakThresholds,
     noise: list[float] = []  # computed once, and only if a horizon is judged afresh
 
     def compute(h: float, whole: bool) -> _View:
-        if not noise:
-            noise.append(sketch.noise())
         if whole:
             buckets = list(sketch.buckets())
         else:
             t_end = sketch.last_time or 0.0  # horizons exist only for a sketch with samples
             buckets = sketch.recent(t_end - h - 1e-9 * max(1.0, abs(t_end)))
+        flat = _analyse_flat(buckets, h, th)
+        if flat is not None:
+            return flat
+        if not noise:
+            noise.append(sketch.noise())
         return _analyse(buckets, h, th, sketch.ref, noise[0], sketch.origin)
 
     views = []
@@ -560,6 +563,45 @@ def _best_break(m: int, cost, left_min: int, right_min: int) -> tuple[float, int
 def _evidence(floors: int, duration: float, th: LeakThresholds) -> float:
     """How much data backs a judgement, in (0, 1): more floors and a longer time, more."""
     return math.sqrt(floors / (floors + 3) * duration / (duration + th.fast_duration_s / 2))
+
+
+def _analyse_flat(buckets: list[_Bucket], horizon: float, th: LeakThresholds) -> _View | None:
+    """`_analyse`'s judgement of a horizon whose samples are all the same value, without its fits
+    (None for any other horizon). Most series of a node are such (an idle process's GPU memory):
+    judging them is most of the watch's work. For such a horizon `_analyse` finds no fall, floors
+    all alike, no candidate shape better than the line, a line with no rise: "flat", the same
+    view this returns (a test holds the two equal)."""
+    v = buckets[0].v_first
+    for b in buckets:
+        if b.v_min != v or b.v_max != v:
+            return None
+    n = sum(b.n for b in buckets)
+    t_start, t_end = buckets[0].t_first, buckets[-1].t_last
+    span = t_end - t_start
+    if n < th.min_samples or span < th.min_span_s - 1e-9:
+        return None  # too little data: `_analyse` says so
+    count = max(th.min_floors, min(th.max_floors, n // th.samples_per_floor))
+    m = _floor_count(buckets, count)
+    if m < 4:
+        return None
+    tol = max(th.flat_bytes, th.noise_factor * 0.0)
+    a = LeakAssessment("no-leak", "flat", 0.0, min(max(_evidence(m, span, th), 0.0), 1.0), t_start, None, v, v, n,
+                       span, f"floor flat (within {format_size(tol)}) for {format_duration(span)}")
+    return _View(a, horizon, span, False, v, False)
+
+
+def _floor_count(buckets: Sequence[_Bucket], count: int) -> int:
+    """How many floors `_floors(buckets, count)` makes."""
+    t0 = buckets[0].t_first
+    width = (buckets[-1].t_last - t0) / count
+    m = 0
+    last_k = -1
+    for b in buckets:
+        k = min(int((b.t_first - t0) / width), count - 1) if width > 0 else 0
+        if k != last_k:
+            m += 1
+            last_k = k
+    return m
 
 
 def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_value: float, noise: float,
@@ -805,8 +847,9 @@ def _finish(chosen: _View | None, sketch: FloorSketch, total_bytes: float | None
         ttf = max(total_bytes - high, 0.0) / a.growth_bytes_per_s
         if a.verdict == "leak":
             a = replace(a, reason=f"{a.reason}; full in {format_duration(ttf)} at this rate")
-    return replace(a, time_to_full_s=ttf, start_bytes=sketch.first_value, end_bytes=sketch.last_value,
-                   samples=sketch.samples, span_s=sketch.span_s)
+    # Every series, every tick: built directly (dataclasses.replace costs several times more).
+    return LeakAssessment(a.verdict, a.pattern, a.growth_bytes_per_s, a.confidence, a.since, ttf, sketch.first_value,
+                          sketch.last_value, sketch.samples, sketch.span_s, a.reason)
 
 
 def _with_torch(primary: LeakAssessment, allocated: LeakAssessment | None,
