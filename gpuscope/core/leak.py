@@ -264,6 +264,7 @@ class FloorSketch:
         self._added = 0
         self._noise: tuple[int, float] | None = None  # (samples added when computed, value)
         self._steps: deque[float] = deque(maxlen=256)  # the latest steps between samples
+        self._flat_since = math.inf  # time of the first of the latest samples that all have one value
 
     def __len__(self) -> int:
         """Number of buckets held (the memory bound)."""
@@ -277,6 +278,11 @@ class FloorSketch:
     def samples(self) -> int:
         """Valid samples held (within the window)."""
         return self._count
+
+    @property
+    def flat_since(self) -> float:
+        """Every sample from this time on has the same value (inf before any sample)."""
+        return self._flat_since
 
     def _oldest(self) -> _Bucket | None:
         for level in reversed(self._levels):
@@ -322,6 +328,8 @@ class FloorSketch:
             self._origin = t
             self._ref = v
         dv = 0.0 if self._last_v is None else v - self._last_v
+        if v != self._last_v:
+            self._flat_since = t
         if self._last_v is not None:
             self._steps.append(dv)
         self._count += 1
@@ -431,19 +439,24 @@ def _horizons(sketch: FloorSketch, th: LeakThresholds) -> list[float]:
 
 
 def _judge(sketch: FloorSketch, th: LeakThresholds,
-           cache: Callable[[int, float, Callable[[], _View]], _View] | None = None) -> _View | None:
+           cache: Callable[[int, float, Callable[[], _View | None]], _View | None] | None = None) -> _View | None:
     """Judge every horizon of the sketch and combine. With a `cache`, horizon i (-1: the whole
     series) of length h is `cache(i, h, compute)`: a kept judgement while still fresh, else
-    `compute()`'s, kept."""
+    `compute()`'s, kept. A judgement of None (a short horizon all alike) has no say."""
     horizons = _horizons(sketch, th)
     noise: list[float] = []  # computed once, and only if a horizon is judged afresh
 
-    def compute(h: float, whole: bool) -> _View:
+    def compute(h: float, whole: bool) -> _View | None:
         if whole:
             buckets = list(sketch.buckets())
         else:
             t_end = sketch.last_time or 0.0  # horizons exist only for a sketch with samples
-            buckets = sketch.recent(t_end - h - 1e-9 * max(1.0, abs(t_end)))
+            t0 = t_end - h - 1e-9 * max(1.0, abs(t_end))
+            if sketch.flat_since <= t0:
+                # Every sample of this horizon alike: its view would be "flat" (or too little data),
+                # which never changes what `_combine` chooses (not a leak, no change, no swings).
+                return None
+            buckets = sketch.recent(t0)
         flat = _analyse_flat(buckets, h, th)
         if flat is not None:
             return flat
@@ -455,9 +468,11 @@ def _judge(sketch: FloorSketch, th: LeakThresholds,
     for i, h in enumerate(horizons):
         whole = i == len(horizons) - 1
         if cache is None:
-            views.append(compute(h, whole))
+            view = compute(h, whole)
         else:
-            views.append(cache(-1 if whole else i, h, functools.partial(compute, h, whole)))
+            view = cache(-1 if whole else i, h, functools.partial(compute, h, whole))
+        if view is not None:
+            views.append(view)
     return _combine(views) if views else None
 
 
@@ -1021,7 +1036,7 @@ class _Watched:
         self.total: float | None = None
         self.fresh = False  # data arrived since the last assessment
         self.assessed_at: float | None = None
-        self.views: dict[tuple[str, int], tuple[float, _View]] = {}  # (series, horizon) -> (time, view)
+        self.views: dict[tuple[str, int], tuple[float, _View | None]] = {}  # (series, horizon) -> (time, view)
         self.assessment: LeakAssessment | None = None
         self.raised_at: float | None = None
         # A young leak awaiting confirmation: (first, latest) time it was called a leak.
@@ -1178,7 +1193,7 @@ class LeakWatch:
         return out
 
     def _judge(self, s: _Watched, name: str, sketch: FloorSketch, now: float) -> _View | None:
-        def cache(i: int, h: float, compute: Callable[[], _View]) -> _View:
+        def cache(i: int, h: float, compute: Callable[[], _View | None]) -> _View | None:
             kept = s.views.get((name, i))
             if kept is not None and now - kept[0] < max(self.min_interval_s, self.refresh_fraction * h * (1 + s.phase)):
                 return kept[1]
