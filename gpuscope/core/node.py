@@ -116,6 +116,7 @@ class NodeSource:
         self._on_frame: Callable[[Frame], None] | None = None
         self._on_sample: Callable[[Frame], None] | None = None
         self._nvml_reading = NvmlReading(status="reading NVML...")
+        self._nvml_first = True  # no reading has come yet
         self._nvml_error: str | None = None
         self._host_error: str | None = None
         self._last: HostSnapshot | None = None
@@ -192,7 +193,13 @@ class NodeSource:
             return
         self._nvml_error = None
         value: NvmlReading = reading.value
+        first = self._nvml_first
+        self._nvml_first = False
         self._nvml_reading = value
+        if first:
+            # NVML's first answer (its library loaded, its devices opened) usually comes after the
+            # first host read: read the host again now rather than show "reading NVML..." a tick.
+            self._pollers[1].request()
         now = self._clock()
         for d in value.devices:
             self.store.add(("dev", d.index), now, d.memory_used)
