@@ -37,9 +37,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from gpuscope.core.node import NodeSource
 
     source = NodeSource(interval=settings.refresh_s, focus_pid=args.pid, thresholds=settings.thresholds)
-    fleet = fleet_view(settings, serving)
-    return run_console(settings, source, serving, theme=theme, pid=args.pid, fleet=fleet,
-                       cleanups=(fleet.source.stop,) if fleet else ())
+    source.prefetch()  # the first frame is read while the console is imported and built
+    try:
+        fleet = fleet_view(settings, serving)
+        return run_console(settings, source, serving, theme=theme, pid=args.pid, fleet=fleet,
+                           cleanups=(fleet.source.stop,) if fleet else ())
+    finally:
+        source.stop()
 
 
 def fleet_view(settings: Settings, serving: Any) -> Any:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # imported when a diagnosis asks: the console starts without 
 
 MAX_PYTHON_ROWS = 20
 MAX_RSS_ROWS = 15
+MAX_EARLY_FRAMES = 30  # frames kept while nobody listens yet (`NodeSource.prefetch`)
 GROWTH_WINDOW_S = 30.0
 CHART_WINDOW_S = 300.0
 CONTAINER_NOTICE = (
@@ -121,6 +122,8 @@ class NodeSource:
         self._host_error: str | None = None
         self._last: HostSnapshot | None = None
         self._emit_lock = threading.Lock()
+        self._running = False
+        self._early: list[Frame] = []  # frames read before `start` (a few: `prefetch` is for the first ones)
         # Fed and updated on the host poller's thread only (a caller that passes its own reads it
         # from on_frame, on that thread).
         self._watch = watch if watch is not None else LeakWatch(thresholds=thresholds)
@@ -140,8 +143,25 @@ class NodeSource:
     # -- Source interface (gpuscope.core.session.interface) --------------------------------------
 
     def start(self, on_frame: Callable[[Frame], None], on_sample: Callable[[Frame], None] | None = None) -> None:
-        self._on_frame = on_frame
-        self._on_sample = on_sample
+        with self._emit_lock:
+            self._on_frame = on_frame
+            self._on_sample = on_sample
+            # Frames read ahead (`prefetch`): each sample to on_sample, the latest shown; under the
+            # lock, so that a frame read meanwhile comes after them.
+            early, self._early = self._early, []
+            if on_sample is not None:
+                for frame in early:
+                    on_sample(frame)
+            if early:
+                on_frame(early[-1])
+        self.prefetch()
+
+    def prefetch(self) -> None:
+        """Begin reading before anyone listens (the frames wait for `start`): the console's first
+        frame is read while its screen is imported and built, not after."""
+        if self._running:
+            return
+        self._running = True
         for p in self._pollers:
             p.start()
         self._ticker.start()
@@ -233,6 +253,10 @@ class NodeSource:
         snap: HostSnapshot = reading.value
         self._accept(snap)
         frame = self._frame(snap)
+        with self._emit_lock:
+            if self._on_frame is None:  # read ahead: kept for `start`
+                self._early = [*self._early[-(MAX_EARLY_FRAMES - 1):], frame]
+                return
         if self._on_sample is not None and not self._stopping.is_set():
             self._on_sample(frame)
         self._emit(frame)
