@@ -208,7 +208,8 @@ class _Bucket:
             self.t_min = t
         if v > self.v_max:
             self.v_max = v
-        self.s1 += v - ref
+        if v != ref:  # a flat series adds 0: keep the float held rather than make another
+            self.s1 += v - ref
         if -dv > self.max_drop:
             self.max_drop = -dv
 
@@ -222,7 +223,8 @@ class _Bucket:
             self.t_min = later.t_min
         if later.v_max > self.v_max:
             self.v_max = later.v_max
-        self.s1 += later.s1
+        if later.s1:
+            self.s1 += later.s1
         if later.max_drop > self.max_drop:
             self.max_drop = later.max_drop
 
@@ -327,8 +329,12 @@ class FloorSketch:
         if self._origin is None:
             self._origin = t
             self._ref = v
-        dv = 0.0 if self._last_v is None else v - self._last_v
-        if v != self._last_v:
+        if v == self._last_v:
+            # The same value again (most samples of most series): the objects already held are
+            # shared, not one more float for the value and its step per sample.
+            v, dv = self._last_v, 0.0
+        else:
+            dv = 0.0 if self._last_v is None else v - self._last_v
             self._flat_since = t
         if self._last_v is not None:
             self._steps.append(dv)
