@@ -57,16 +57,20 @@ def fleet_view(settings: Settings, serving: Any) -> Any:
 def run_console(settings: Settings, source: Any, serving: Any, *, pid: int | None,
                 cleanups: Sequence[Callable[[], object]] = (), fleet: Any = None) -> int:
     """Run the live console over `source` (and `serving`), recording the session to its journal."""
-    from gpuscope.core.session.live import LiveSession
-
-    journal = open_journal(settings, pid=pid)
-    app = console_app(LiveSession(source, serving=serving, journal=journal), settings, fleet=fleet)
-    for cleanup in (journal.close, *cleanups):  # also when a lost terminal cuts the exit short
-        app.add_cleanup(cleanup)
+    source.prefetch()  # the first frame is read while the console is imported and built
     try:
-        app.run()
+        from gpuscope.core.session.live import LiveSession
+
+        journal = open_journal(settings, pid=pid)
+        app = console_app(LiveSession(source, serving=serving, journal=journal), settings, fleet=fleet)
+        for cleanup in (journal.close, *cleanups):  # also when a lost terminal cuts the exit short
+            app.add_cleanup(cleanup)
+        try:
+            app.run()
+        finally:
+            journal.close()
     finally:
-        journal.close()
+        source.stop()
     if journal.path is not None:
         print(f"gpuscope: session recorded in {journal.path} (gpuscope replay FILE, gpuscope report FILE)", file=sys.stderr)
     return app.return_code or 0

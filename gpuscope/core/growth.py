@@ -51,6 +51,9 @@ def floor_growth(
     valid = sum(1 for v in values if not math.isnan(v))
     if valid < min_points or not times or times[-1] - times[0] < min_span:
         return None
+    first = values[0]
+    if times[-1] > times[0] and all(v == first for v in values):
+        return 0.0  # a flat floor (most series, most of the time): what Theil-Sen finds, without the fit
     pts = floor_points(times, values, max(2, min(chunks, valid // 2)))
     if len(pts) < 2:
         return None

@@ -25,6 +25,8 @@ from gpuscope.core.redact import redact_command
 from gpuscope.core.target import interpreter_version, is_python, libpython_version, version_in_name
 from gpuscope.errors import Failure
 
+_STAT_MAX = 4096  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
+_NAMES_KEPT = 4096
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time"]
 
 
@@ -55,6 +57,8 @@ class HostCollector:
         self._versions: dict[str, str | None] = {}  # interpreter path -> version
         self._users: dict[int, str] = {}
         self._cpu: dict[int, tuple[float, int, float]] = {}  # pid -> (create time, CPU ticks, when)
+        self._exes: dict[tuple[int, float, bytes], str | None] = {}  # (pid, start, name) -> executable
+        self._names: dict[bytes, str] = {}  # a name as /proc gives it -> printable
         self._proc_ok = os.path.exists("/proc/self/stat")
         if self._proc_ok:
             self._ticks = os.sysconf("SC_CLK_TCK")
@@ -72,45 +76,59 @@ class HostCollector:
         return self._scan_psutil()
 
     def _scan_proc(self) -> list[SeenProcess]:
-        # One read of /proc/PID/stat and one stat() per process: the whole table costs a few ms
-        # even with hundreds of processes (psutil's per-field reads cost several times more).
+        # One read of /proc/PID/stat per process: the whole table costs a few ms even with
+        # hundreds of processes (psutil's per-field reads cost several times more), and one stat().
+        # The executable is read once per program: known by PID, start time and name, so that a
+        # reused PID or an exec is read afresh.
         now = time.monotonic()
         ticks = self._ticks
         prior = self._cpu
+        known = self._exes
         current: dict[int, tuple[float, int, float]] = {}
+        exes: dict[tuple[int, float, bytes], str | None] = {}
         seen: list[SeenProcess] = []
-        for entry in os.scandir("/proc"):
-            name = entry.name
+        for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
             pid = int(name)
             try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    data = f.read()
-                uid = entry.stat().st_uid
+                fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+                try:
+                    data = os.read(fd, _STAT_MAX)
+                finally:
+                    os.close(fd)
             except OSError:
                 continue  # exited while being read
             close = data.rfind(b")")
-            comm = printable(data[data.find(b"(") + 1 : close].decode("utf-8", "replace"))
             fields = data[close + 2 :].split()
             if len(fields) < 22:
                 continue
             used = int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
             create_time = self._boot + int(fields[19]) / ticks
+            try:
+                uid = os.stat(f"/proc/{name}").st_uid  # may change while it lives (setuid): read each pass
+            except OSError:
+                continue  # exited while being read
+            raw_name = data[data.find(b"(") + 1 : close]
+            key = (pid, create_time, raw_name)  # an exec keeps PID and start time, not the name
+            if key in known:
+                exe = known[key]
+            else:
+                try:
+                    exe = os.readlink(f"/proc/{name}/exe")
+                except OSError:
+                    exe = None
+            exes[key] = exe
             before = prior.get(pid)
             cpu = None
             if before is not None and before[0] == create_time and now > before[2]:
                 cpu = round(100.0 * (used - before[1]) / ticks / (now - before[2]), 1)
             current[pid] = (create_time, used, now)
-            try:
-                exe = os.readlink(f"/proc/{name}/exe")
-            except OSError:
-                exe = None
             seen.append(
                 SeenProcess(
                     pid=pid,
                     create_time=create_time,
-                    name=comm,
+                    name=self._name(raw_name),
                     exe=exe,
                     user=self._user(uid),
                     rss=int(fields[21]) * self._page,
@@ -118,7 +136,17 @@ class HostCollector:
                 )
             )
         self._cpu = current
+        self._exes = exes  # processes gone are forgotten: the cache is as big as /proc
         return seen
+
+    def _name(self, raw: bytes) -> str:
+        """The process's name (it may rename itself at any time: read each pass, made printable once)."""
+        name = self._names.get(raw)
+        if name is None:
+            if len(self._names) >= _NAMES_KEPT:
+                self._names.clear()
+            name = self._names[raw] = printable(raw.decode("utf-8", "replace"))
+        return name
 
     def _user(self, uid: int) -> str:
         user = self._users.get(uid)

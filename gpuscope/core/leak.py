@@ -208,7 +208,8 @@ class _Bucket:
             self.t_min = t
         if v > self.v_max:
             self.v_max = v
-        self.s1 += v - ref
+        if v != ref:  # a flat series adds 0: keep the float held rather than make another
+            self.s1 += v - ref
         if -dv > self.max_drop:
             self.max_drop = -dv
 
@@ -222,7 +223,8 @@ class _Bucket:
             self.t_min = later.t_min
         if later.v_max > self.v_max:
             self.v_max = later.v_max
-        self.s1 += later.s1
+        if later.s1:
+            self.s1 += later.s1
         if later.max_drop > self.max_drop:
             self.max_drop = later.max_drop
 
@@ -264,6 +266,7 @@ class FloorSketch:
         self._added = 0
         self._noise: tuple[int, float] | None = None  # (samples added when computed, value)
         self._steps: deque[float] = deque(maxlen=256)  # the latest steps between samples
+        self._flat_since = math.inf  # time of the first of the latest samples that all have one value
 
     def __len__(self) -> int:
         """Number of buckets held (the memory bound)."""
@@ -277,6 +280,11 @@ class FloorSketch:
     def samples(self) -> int:
         """Valid samples held (within the window)."""
         return self._count
+
+    @property
+    def flat_since(self) -> float:
+        """Every sample from this time on has the same value (inf before any sample)."""
+        return self._flat_since
 
     def _oldest(self) -> _Bucket | None:
         for level in reversed(self._levels):
@@ -321,7 +329,13 @@ class FloorSketch:
         if self._origin is None:
             self._origin = t
             self._ref = v
-        dv = 0.0 if self._last_v is None else v - self._last_v
+        if v == self._last_v:
+            # The same value again (most samples of most series): the objects already held are
+            # shared, not one more float for the value and its step per sample.
+            v, dv = self._last_v, 0.0
+        else:
+            dv = 0.0 if self._last_v is None else v - self._last_v
+            self._flat_since = t
         if self._last_v is not None:
             self._steps.append(dv)
         self._count += 1
@@ -431,30 +445,40 @@ def _horizons(sketch: FloorSketch, th: LeakThresholds) -> list[float]:
 
 
 def _judge(sketch: FloorSketch, th: LeakThresholds,
-           cache: Callable[[int, float, Callable[[], _View]], _View] | None = None) -> _View | None:
+           cache: Callable[[int, float, Callable[[], _View | None]], _View | None] | None = None) -> _View | None:
     """Judge every horizon of the sketch and combine. With a `cache`, horizon i (-1: the whole
     series) of length h is `cache(i, h, compute)`: a kept judgement while still fresh, else
-    `compute()`'s, kept."""
+    `compute()`'s, kept. A judgement of None (a short horizon all alike) has no say."""
     horizons = _horizons(sketch, th)
     noise: list[float] = []  # computed once, and only if a horizon is judged afresh
 
-    def compute(h: float, whole: bool) -> _View:
-        if not noise:
-            noise.append(sketch.noise())
+    def compute(h: float, whole: bool) -> _View | None:
         if whole:
             buckets = list(sketch.buckets())
         else:
             t_end = sketch.last_time or 0.0  # horizons exist only for a sketch with samples
-            buckets = sketch.recent(t_end - h - 1e-9 * max(1.0, abs(t_end)))
+            t0 = t_end - h - 1e-9 * max(1.0, abs(t_end))
+            if sketch.flat_since <= t0:
+                # Every sample of this horizon alike: its view would be "flat" (or too little data),
+                # which never changes what `_combine` chooses (not a leak, no change, no swings).
+                return None
+            buckets = sketch.recent(t0)
+        flat = _analyse_flat(buckets, h, th)
+        if flat is not None:
+            return flat
+        if not noise:
+            noise.append(sketch.noise())
         return _analyse(buckets, h, th, sketch.ref, noise[0], sketch.origin)
 
     views = []
     for i, h in enumerate(horizons):
         whole = i == len(horizons) - 1
         if cache is None:
-            views.append(compute(h, whole))
+            view = compute(h, whole)
         else:
-            views.append(cache(-1 if whole else i, h, functools.partial(compute, h, whole)))
+            view = cache(-1 if whole else i, h, functools.partial(compute, h, whole))
+        if view is not None:
+            views.append(view)
     return _combine(views) if views else None
 
 
@@ -560,6 +584,45 @@ def _best_break(m: int, cost, left_min: int, right_min: int) -> tuple[float, int
 def _evidence(floors: int, duration: float, th: LeakThresholds) -> float:
     """How much data backs a judgement, in (0, 1): more floors and a longer time, more."""
     return math.sqrt(floors / (floors + 3) * duration / (duration + th.fast_duration_s / 2))
+
+
+def _analyse_flat(buckets: list[_Bucket], horizon: float, th: LeakThresholds) -> _View | None:
+    """`_analyse`'s judgement of a horizon whose samples are all the same value, without its fits
+    (None for any other horizon). Most series of a node are such (an idle process's GPU memory):
+    judging them is most of the watch's work. For such a horizon `_analyse` finds no fall, floors
+    all alike, no candidate shape better than the line, a line with no rise: "flat", the same
+    view this returns (a test holds the two equal)."""
+    v = buckets[0].v_first
+    for b in buckets:
+        if b.v_min != v or b.v_max != v:
+            return None
+    n = sum(b.n for b in buckets)
+    t_start, t_end = buckets[0].t_first, buckets[-1].t_last
+    span = t_end - t_start
+    if n < th.min_samples or span < th.min_span_s - 1e-9:
+        return None  # too little data: `_analyse` says so
+    count = max(th.min_floors, min(th.max_floors, n // th.samples_per_floor))
+    m = _floor_count(buckets, count)
+    if m < 4:
+        return None
+    tol = max(th.flat_bytes, th.noise_factor * 0.0)
+    a = LeakAssessment("no-leak", "flat", 0.0, min(max(_evidence(m, span, th), 0.0), 1.0), t_start, None, v, v, n,
+                       span, f"floor flat (within {format_size(tol)}) for {format_duration(span)}")
+    return _View(a, horizon, span, False, v, False)
+
+
+def _floor_count(buckets: Sequence[_Bucket], count: int) -> int:
+    """How many floors `_floors(buckets, count)` makes."""
+    t0 = buckets[0].t_first
+    width = (buckets[-1].t_last - t0) / count
+    m = 0
+    last_k = -1
+    for b in buckets:
+        k = min(int((b.t_first - t0) / width), count - 1) if width > 0 else 0
+        if k != last_k:
+            m += 1
+            last_k = k
+    return m
 
 
 def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_value: float, noise: float,
@@ -805,8 +868,9 @@ def _finish(chosen: _View | None, sketch: FloorSketch, total_bytes: float | None
         ttf = max(total_bytes - high, 0.0) / a.growth_bytes_per_s
         if a.verdict == "leak":
             a = replace(a, reason=f"{a.reason}; full in {format_duration(ttf)} at this rate")
-    return replace(a, time_to_full_s=ttf, start_bytes=sketch.first_value, end_bytes=sketch.last_value,
-                   samples=sketch.samples, span_s=sketch.span_s)
+    # Every series, every tick: built directly (dataclasses.replace costs several times more).
+    return LeakAssessment(a.verdict, a.pattern, a.growth_bytes_per_s, a.confidence, a.since, ttf, sketch.first_value,
+                          sketch.last_value, sketch.samples, sketch.span_s, a.reason)
 
 
 def _with_torch(primary: LeakAssessment, allocated: LeakAssessment | None,
@@ -978,7 +1042,7 @@ class _Watched:
         self.total: float | None = None
         self.fresh = False  # data arrived since the last assessment
         self.assessed_at: float | None = None
-        self.views: dict[tuple[str, int], tuple[float, _View]] = {}  # (series, horizon) -> (time, view)
+        self.views: dict[tuple[str, int], tuple[float, _View | None]] = {}  # (series, horizon) -> (time, view)
         self.assessment: LeakAssessment | None = None
         self.raised_at: float | None = None
         # A young leak awaiting confirmation: (first, latest) time it was called a leak.
@@ -1135,7 +1199,7 @@ class LeakWatch:
         return out
 
     def _judge(self, s: _Watched, name: str, sketch: FloorSketch, now: float) -> _View | None:
-        def cache(i: int, h: float, compute: Callable[[], _View]) -> _View:
+        def cache(i: int, h: float, compute: Callable[[], _View | None]) -> _View | None:
             kept = s.views.get((name, i))
             if kept is not None and now - kept[0] < max(self.min_interval_s, self.refresh_fraction * h * (1 + s.phase)):
                 return kept[1]

@@ -16,10 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess
 from gpuscope.core.target import is_python
-from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series
 from gpuscope.core.leak import LeakAlert, LeakThresholds, LeakWatch
 from gpuscope.core.model import (
     Alert,
@@ -39,8 +39,12 @@ from gpuscope.core.poller import Poller, Reading, pace
 from gpuscope.core.store import SeriesStore
 from gpuscope.core.units import format_bytes
 
+if TYPE_CHECKING:  # imported when a diagnosis asks: the console starts without it
+    from gpuscope.core.diagnosis import Evidence
+
 MAX_PYTHON_ROWS = 20
 MAX_RSS_ROWS = 15
+MAX_EARLY_FRAMES = 30  # frames kept while nobody listens yet (`NodeSource.prefetch`)
 GROWTH_WINDOW_S = 30.0
 CHART_WINDOW_S = 300.0
 CONTAINER_NOTICE = (
@@ -113,10 +117,13 @@ class NodeSource:
         self._on_frame: Callable[[Frame], None] | None = None
         self._on_sample: Callable[[Frame], None] | None = None
         self._nvml_reading = NvmlReading(status="reading NVML...")
+        self._nvml_first = True  # no reading has come yet
         self._nvml_error: str | None = None
         self._host_error: str | None = None
         self._last: HostSnapshot | None = None
         self._emit_lock = threading.Lock()
+        self._running = False
+        self._early: list[Frame] = []  # frames read before `start` (a few: `prefetch` is for the first ones)
         # Fed and updated on the host poller's thread only (a caller that passes its own reads it
         # from on_frame, on that thread).
         self._watch = watch if watch is not None else LeakWatch(thresholds=thresholds)
@@ -136,8 +143,25 @@ class NodeSource:
     # -- Source interface (gpuscope.core.session.interface) --------------------------------------
 
     def start(self, on_frame: Callable[[Frame], None], on_sample: Callable[[Frame], None] | None = None) -> None:
-        self._on_frame = on_frame
-        self._on_sample = on_sample
+        with self._emit_lock:
+            self._on_frame = on_frame
+            self._on_sample = on_sample
+            # Frames read ahead (`prefetch`): each sample to on_sample, the latest shown; under the
+            # lock, so that a frame read meanwhile comes after them.
+            early, self._early = self._early, []
+            if on_sample is not None:
+                for frame in early:
+                    on_sample(frame)
+            if early:
+                on_frame(early[-1])
+        self.prefetch()
+
+    def prefetch(self) -> None:
+        """Begin reading before anyone listens (the frames wait for `start`): the console's first
+        frame is read while its screen is imported and built, not after."""
+        if self._running:
+            return
+        self._running = True
         for p in self._pollers:
             p.start()
         self._ticker.start()
@@ -189,7 +213,13 @@ class NodeSource:
             return
         self._nvml_error = None
         value: NvmlReading = reading.value
+        first = self._nvml_first
+        self._nvml_first = False
         self._nvml_reading = value
+        if first:
+            # NVML's first answer (its library loaded, its devices opened) usually comes after the
+            # first host read: read the host again now rather than show "reading NVML..." a tick.
+            self._pollers[1].request()
         now = self._clock()
         for d in value.devices:
             self.store.add(("dev", d.index), now, d.memory_used)
@@ -223,6 +253,10 @@ class NodeSource:
         snap: HostSnapshot = reading.value
         self._accept(snap)
         frame = self._frame(snap)
+        with self._emit_lock:
+            if self._on_frame is None:  # read ahead: kept for `start`
+                self._early = [*self._early[-(MAX_EARLY_FRAMES - 1):], frame]
+                return
         if self._on_sample is not None and not self._stopping.is_set():
             self._on_sample(frame)
         self._emit(frame)
@@ -395,6 +429,8 @@ def evidence_of(
     device_history: Callable[..., tuple[list[float], list[float | None]]],
 ) -> Evidence:
     """A diagnosis's evidence from a source's latest frame and its recorded series (live or replay)."""
+    from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series
+
     series = history(pid, seconds, now=now)
     times = tuple(-a for a in series.ages) if series else ()
     has_gpu = series is not None and any(v is not None for v in series.gpu_bytes)

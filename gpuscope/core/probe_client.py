@@ -453,12 +453,14 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
 class ProbeWatch:
     """The probes `list_probes` finds, listed again only when that may have changed.
 
-    A probe makes or removes its socket in one of the probe folders, and a probe folder is made
-    or removed in the folder above it: each listing notes the modification time of both, and the
-    next asks again only when one of them moved, a listed probe's process is gone, or
-    `RELIST_S` passed. Asked every refresh, this is a few stat() calls while nothing changes,
-    instead of listing the temporary folder and every probe folder. Listings clean up: sockets
-    whose process is gone and that nobody listens on are removed."""
+    A probe makes or removes its socket in a probe folder: each listing notes the modification
+    time of the probe folders it found and of this user's own (made or not yet), and the next
+    asks again only when one of them moved, a listed probe's process is gone, or `RELIST_S`
+    passed (which is how a probe folder made elsewhere, by another user, is found). The folders
+    above them (the temporary folder, /run/user) are not watched: on a busy machine the
+    temporary folder changes all the time, for reasons that are not probes. Asked every
+    refresh, this is a few stat() calls while nothing changes. Listings clean up: sockets whose
+    process is gone and that nobody listens on are removed."""
 
     RELIST_S = 30.0
     RACY_S = 1.0  # a folder modified this recently may change again within its clock tick: look again
@@ -479,9 +481,11 @@ class ProbeWatch:
     def probes(self) -> list[ProbeInfo]:
         if self._changed():
             folders = _probe_folders()
-            watched = {"/run/user", "/tmp", os.path.normpath(tempfile.gettempdir())}
-            for folder, _ in folders:
-                watched.update((folder, os.path.dirname(folder)))
+            uid = os.getuid()
+            watched = {folder for folder, _ in folders}
+            own = (_probe.runtime_dir(), f"/run/user/{uid}/gpuscope", f"/tmp/gpuscope-{uid}",
+                   os.path.join(tempfile.gettempdir(), f"gpuscope-{uid}"))
+            watched.update(os.path.normpath(d) for d in own)
             # Noted before listing: a change made while listing shows as a change next time.
             self._stamps = {path: _stamp(path) for path in sorted(watched)}
             self._listed_at = time.monotonic()

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 from functools import partial, wraps
 
 from textual import on, work
@@ -32,7 +33,6 @@ from gpuscope.core.model import Alert, Frame
 from gpuscope.core.printable import printable
 from gpuscope.core.settings import SloConfig
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.serving import ServingSource
 from gpuscope.core.session.format import describe
 from gpuscope.core.session.interface import Session, Source
 from gpuscope.core.session.journal import Journal
@@ -43,17 +43,17 @@ from gpuscope.tui.alerts import AlertBar, AlertListScreen
 from gpuscope.tui.chart import MemoryChart
 from gpuscope.tui.detail import CommandLineScreen, ProcessPanel
 from gpuscope.tui.devices import DevicesPanel
-from gpuscope.tui.help import HelpScreen
 from gpuscope.tui.messages import ExportFailed, FrameReady, ServingReady, SnapshotExported
 from gpuscope.tui.processes import SORTS, ProcessTable
 from gpuscope.tui.service import ServicePanel
-from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 from gpuscope.tui.textlines import TextLines
-from gpuscope.tui.export import ExportScreen, export_target
-from gpuscope.tui.fleet import FleetScreen, FleetView
-from gpuscope.tui.timeline import JumpScreen, Timeline
-from gpuscope.tui.wizard import WizardScreen
+from gpuscope.tui.timeline import Timeline
 from gpuscope.tui.workspace import Workspace
+
+# Screens opened by a key are imported when first opened: the first frame does not wait for them.
+if TYPE_CHECKING:
+    from gpuscope.core.serving import ServingSource
+    from gpuscope.tui.fleet import FleetView
 
 
 HANGUP_EXIT = 128 + signal.SIGHUP
@@ -214,12 +214,16 @@ class GpuScopeApp(App):
 
     def action_export(self) -> None:
         """`e`: the session (or a part of it) as one snapshot file, written off the UI thread."""
+        from gpuscope.tui.export import ExportScreen
+
         now = self.frame.time if self.frame is not None else time.time()
         self.push_screen(ExportScreen(now, cursor=self.session.can_seek), self._export_range)
 
     def _export_range(self, chosen: tuple[float | None, float | None] | None) -> None:
         if chosen is None:
             return
+        from gpuscope.tui.export import export_target
+
         try:
             target = export_target()
         except OSError as exc:
@@ -258,6 +262,8 @@ class GpuScopeApp(App):
         self.session.faster(steps)
 
     def action_replay_jump_to(self) -> None:
+        from gpuscope.tui.timeline import JumpScreen
+
         def chosen(text: str | None) -> None:
             if not text:
                 return
@@ -275,6 +281,8 @@ class GpuScopeApp(App):
         return row.pid if row else None
 
     def action_stacks(self) -> None:
+        from gpuscope.tui.stacks import DumpScreen
+
         pid = self._selected_pid()
         if pid is None:
             return
@@ -284,6 +292,8 @@ class GpuScopeApp(App):
             self._show_recorded("stacks", pid, lambda dump: DumpScreen(pid, recorded=dump))
 
     def action_sample(self) -> None:
+        from gpuscope.tui.stacks import SampleScreen
+
         pid = self._selected_pid()
         if pid is None:
             return
@@ -301,6 +311,8 @@ class GpuScopeApp(App):
             self.push_screen(screen(value))
 
     def action_allocations(self) -> None:
+        from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach, SuspectsScreen
+
         pid = self._selected_pid()
         if pid is None:
             return
@@ -316,6 +328,8 @@ class GpuScopeApp(App):
 
     def action_wizard(self) -> None:
         """`w`: the guided diagnosis of the alert shown in the alert bar, else of the selected process."""
+        from gpuscope.tui.wizard import WizardScreen
+
         alert = self.query_one(AlertBar).shown
         if alert is not None:
             self._diagnose(alert)
@@ -329,6 +343,8 @@ class GpuScopeApp(App):
             self.notify("the fleet view reads the gpuscope exporters in Prometheus: start with --prometheus URL",
                         severity="warning")
         else:
+            from gpuscope.tui.fleet import FleetScreen
+
             self.push_screen(FleetScreen(self.fleet))
 
     def on_alert_bar_open(self, message: AlertBar.Open) -> None:
@@ -339,6 +355,8 @@ class GpuScopeApp(App):
         if pid is None:
             self.notify("no process on that GPU is growing", severity="warning")
             return
+        from gpuscope.tui.wizard import WizardScreen
+
         self.push_screen(WizardScreen(pid))
 
     def action_alerts(self) -> None:
@@ -552,6 +570,8 @@ class GpuScopeApp(App):
         self.session.focus(event.row.pid)
 
     def action_help(self) -> None:
+        from gpuscope.tui.help import HelpScreen
+
         self.push_screen(HelpScreen())
 
     def action_sort(self, name: str) -> None:

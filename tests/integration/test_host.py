@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 
 import psutil
 import pytest
@@ -61,6 +62,25 @@ def test_the_live_source_sees_a_leaking_child_grow(spawn_python):
         assert frame.chart.pid == child.pid and len(frame.chart.ages) >= 4
         assert frame.chart.rss_bytes[-1] > frame.chart.rss_bytes[0]
         assert all(v is None for v in frame.chart.gpu_bytes)  # no NVML here: N/A, never 0
+    finally:
+        source.stop()
+
+
+def test_frames_read_ahead_are_handed_over_at_start_in_order(spawn_python):
+    child = spawn_python(IDLER)
+    source = NodeSource(interval=0.1, focus_pid=child.pid)
+    source.prefetch()  # reading starts before anyone listens (the console's screen is still being built)
+    try:
+        wait_until(lambda: source.last_host is not None and source.last_host.time > 0, timeout=30,
+                   what="a host read before start")
+        time.sleep(0.3)  # a few more
+        shown, samples = [], []
+        source.start(shown.append, samples.append)
+        assert shown and shown[0].focus.pid == child.pid  # the latest frame read ahead, at once
+        assert len(samples) >= 2  # every sample read ahead reaches the journal ...
+        wait_until(lambda: len(samples) >= 8, timeout=30, what="samples after start")
+        times = [f.time for f in samples]
+        assert times == sorted(times) and len(set(times)) == len(times)  # ... once each, in order
     finally:
         source.stop()
 

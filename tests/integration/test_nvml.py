@@ -220,3 +220,35 @@ def test_gpustat_runs_unchanged_on_the_fake(tmp_path, spawn_python):
     assert (gpus[0]["memory.used"], gpus[0]["memory.total"], gpus[0]["temperature.gpu"], gpus[0]["utilization.gpu"]) == (3072, 141 * 1024, 57, 88)
     assert [(p["pid"], p["gpu_memory_usage"]) for p in gpus[0]["processes"]] == [(child.pid, 3072)]
     assert gpus[1]["processes"] == [] and gpus[1]["memory.used"] == 10 * 1024
+
+
+def test_gpus_show_as_soon_as_nvml_first_answers_not_a_tick_later(fake_nvml, spawn_python, monkeypatch):
+    import threading
+    import time
+
+    from helpers import wait_until
+
+    child = spawn_python("import time; print('ready', flush=True); time.sleep(60)")
+    fake_nvml.configure({"devices": [device(compute=[{"pid": child.pid, "used": GIB}])]})
+    answer = threading.Event()
+    real_init = fake_nvml.nvmlInit
+
+    def slow_init(*args, **kwargs):  # a driver that takes a moment to load: the host is read first
+        answer.wait(30)
+        return real_init(*args, **kwargs)
+
+    monkeypatch.setattr(fake_nvml, "nvmlInit", slow_init)
+    frames = []
+    source = NodeSource(interval=30.0)  # the next tick is far: only NVML's first answer can bring the GPUs
+    source.start(frames.append)
+    try:
+        wait_until(lambda: frames, timeout=30, what="the first (host) frame")
+        assert frames[0].nvml.status == "reading NVML..."
+        answered = time.monotonic()
+        answer.set()
+        wait_until(lambda: any(r.pid == child.pid and r.gpu == 0 for f in frames for r in f.processes),
+                   timeout=10, what="the GPU process after NVML's first answer")
+        assert time.monotonic() - answered < 5
+    finally:
+        answer.set()
+        source.stop()

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuscope.core.attribution import Attribution
-from gpuscope.core.diagnosis import Diagnosis
+if TYPE_CHECKING:  # the diagnosis is imported when one is made: the console starts without it
+    from gpuscope.core.attribution import Attribution
+    from gpuscope.core.diagnosis import Diagnosis
 
 CONFIDENCE_RANK = {"high": 2, "low": 1}  # an attribution's; anything else ("none") ranks 0
 

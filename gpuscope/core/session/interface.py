@@ -14,13 +14,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuscope.core.attribution import Attribution
-from gpuscope.core.diagnosis import Diagnosis, Evidence
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.model import Frame
 from gpuscope.core.serving_model import ServingSnapshot
+
+if TYPE_CHECKING:  # the diagnosis is imported when one is made: the console starts without it
+    from gpuscope.core.attribution import Attribution
+    from gpuscope.core.diagnosis import Diagnosis, Evidence
 
 
 class Source(Protocol):

@@ -14,17 +14,19 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuscope.core.attribution import Attribution
-from gpuscope.core.diagnosis import Diagnosis, Evidence, diagnose
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.model import Frame
-from gpuscope.core.serving import ServingSource
 from gpuscope.core.serving_model import ServingSnapshot
 from gpuscope.core.session.findings import Findings
 from gpuscope.core.session.interface import Session, Source
 from gpuscope.core.session.journal import Journal
+
+if TYPE_CHECKING:  # imported when used: the console's first frame does not wait for them
+    from gpuscope.core.attribution import Attribution
+    from gpuscope.core.diagnosis import Diagnosis, Evidence
+    from gpuscope.core.serving import ServingSource
 
 
 class LiveSession(Session):
@@ -88,6 +90,8 @@ class LiveSession(Session):
         return self.findings.best_attribution(pid)
 
     def diagnose(self, pid: int, evidence: Evidence, thresholds: LeakThresholds) -> tuple[Diagnosis, str]:
+        from gpuscope.core.diagnosis import diagnose
+
         diagnosis = diagnose(evidence, thresholds)
         self.record("diagnosis", diagnosis)  # every one is kept: the report picks the most informative
         return diagnosis, ""
