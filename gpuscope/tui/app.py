@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from functools import partial, wraps
 
 from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.color import Color
@@ -49,6 +49,7 @@ from gpuscope.tui.processes import SORTS, ProcessTable
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 from gpuscope.tui.textlines import TextLines
+from gpuscope.tui.terminal_cells import ChangedCellsApp
 from gpuscope.tui.export import ExportScreen, export_target
 from gpuscope.tui.fleet import FleetScreen, FleetView
 from gpuscope.tui.timeline import JumpScreen, Timeline
@@ -85,7 +86,8 @@ def _unless_closed(handler):
     return guarded
 
 
-class GpuScopeApp(App):
+# Terminal output: only the cells that changed go out (gpuscope.tui.terminal_cells).
+class GpuScopeApp(ChangedCellsApp):
     CSS_PATH = "gpuscope.tcss"
     TITLE = "gpuscope"
     ENABLE_COMMAND_PALETTE = True

@@ -1,0 +1,228 @@
+"""What the terminal shows, cell by cell, so that an update sends only the cells that changed.
+
+Textual repaints a widget's region whenever the widget refreshes, and writes every cell of it
+with a full style before each run of text and a reset after it. Over SSH those bytes are what the
+operator feels, and most of them rewrite what the terminal already shows. Like curses,
+`TerminalCells` keeps a copy of the screen (per cell: the character and its style's SGR codes)
+and turns each of Textual's updates into the runs of cells that differ from the copy: one cursor
+move per run, a style change only where the style changes, no newlines.
+
+The copy must never disagree with the terminal where it matters. A cell whose content is not
+followed (a strip drawn as Textual draws it) is marked unknown, and an unknown cell is always sent
+again; a wide character is always sent whole. `forget` makes every cell unknown: on a
+resize, a suspend and a resume, and whenever something other than a compositor update was written.
+"""
+
+from __future__ import annotations
+
+from rich.cells import get_character_cell_size
+from rich.color import ColorSystem
+from rich.console import Console
+from rich.console import RenderableType
+from textual import events, on
+from textual._compositor import ChopsUpdate, CompositorUpdate, LayoutUpdate
+from textual.app import App
+from textual.screen import Screen
+from textual.strip import Strip
+
+# One cell: (character, SGR codes, link). The second half of a wide character is CONTINUED.
+Cell = tuple[str, str, str]
+CONTINUED = ""
+UNKNOWN = None  # a cell whose content on the terminal is not known: never equal to a new cell
+# A gap of unchanged cells this short between two changed runs is sent again rather than jumped
+# over: a cursor move costs about as much.
+SHORTEST_JUMP = 4
+
+
+class TerminalCells:
+    """The screen as last sent, and the diff of each compositor update against it."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list[Cell | None]] = {}
+
+    def forget(self) -> None:
+        """The terminal may show anything now: the next update sends every cell it covers."""
+        self.rows.clear()
+
+    def update(self, update: object) -> object:
+        """What to hand Textual's display instead of `update`: a compositor update rendered as
+        the cells that changed, or `update` itself (after forgetting: it is not ours to follow)."""
+        if isinstance(update, (ChopsUpdate, LayoutUpdate)):
+            return ChangedCells(self, update)
+        self.forget()
+        return update
+
+    # -- the diff ---------------------------------------------------------------------------------
+
+    def render(self, update: ChopsUpdate | LayoutUpdate, console: Console) -> str:
+        color_system = console._color_system or ColorSystem.TRUECOLOR
+        out = _Output()
+        for y, x, strip in _placed_strips(update):
+            self._strip(out, y, x, strip, console, color_system)
+        return out.finish()
+
+    def _strip(self, out: _Output, y: int, x: int, strip: Strip, console: Console, color_system: ColorSystem) -> None:
+        new = self._cells(strip, color_system)
+        row = self.rows.setdefault(y, [])
+        end = x + len(new) if new is not None else x + strip.cell_length
+        if len(row) < end:
+            row.extend([UNKNOWN] * (end - len(row)))
+        if new is None:  # drawn as Textual draws it; what each cell shows is not followed
+            out.move(x, y)
+            out.raw(strip.render(console))
+            start = max(0, x - 1)  # a leading zero-width character joins the cell before
+            row[start:end] = [UNKNOWN] * (end - start)
+            return
+        old = row[x:end]
+        if old == new:
+            return
+        for start, stop in _changed_runs(old, new):
+            out.move(x + start, y)
+            for cell in new[start:stop]:
+                if cell[0] is not CONTINUED:
+                    out.cell(cell)
+            row[x + start : x + stop] = new[start:stop]
+
+    def _cells(self, strip: Strip, color_system: ColorSystem) -> list[Cell] | None:
+        """One cell per terminal column; None for a strip whose cells cannot be followed (a
+        control segment, a zero-width character with nothing before it to join)."""
+        cells: list[Cell] = []
+        append = cells.append
+        for text, style, control in strip:
+            if control:
+                return None
+            if style is None:
+                sgr, link = "", ""
+            else:
+                cached = style._ansi  # Textual's own codes for the style, cached on it
+                sgr = cached if cached is not None else Strip.render_ansi(style, color_system)
+                link = style._link or ""
+            if text.isascii() and text.isprintable():
+                cells.extend([(ch, sgr, link) for ch in text])
+                continue
+            for ch in text:
+                width = get_character_cell_size(ch)
+                if width == 1:
+                    append((ch, sgr, link))
+                elif width == 2:
+                    append((ch, sgr, link))
+                    append((CONTINUED, sgr, link))
+                elif cells and cells[-1][0] is not CONTINUED:
+                    last = cells[-1]
+                    cells[-1] = (last[0] + ch, last[1], last[2])
+                else:
+                    return None
+        return cells
+
+
+class ChangedCellsApp(App):
+    """An App that writes to the terminal only the cells that changed (see TerminalCells)."""
+
+    _terminal_cells: TerminalCells | None = None
+
+    @property
+    def terminal_cells(self) -> TerminalCells:
+        if self._terminal_cells is None:
+            self._terminal_cells = TerminalCells()
+        return self._terminal_cells
+
+    def _display(self, screen: Screen, renderable: RenderableType | None) -> None:
+        if renderable is not None and self._driver is not None and not self._driver.is_inline:
+            renderable = self.terminal_cells.update(renderable)  # type: ignore[assignment]
+        super()._display(screen, renderable)
+
+    @on(events.Mount)
+    def _follow_suspends(self) -> None:
+        # Suspended (Ctrl+Z, or to run another program in the terminal), the terminal is someone
+        # else's: what it shows afterwards is not known.
+        for signal in (self.app_suspend_signal, self.app_resume_signal):
+            signal.subscribe(self, lambda _: self.terminal_cells.forget(), immediate=True)
+
+    @on(events.Resize)
+    def _forget_on_resize(self) -> None:
+        self.terminal_cells.forget()  # a resized terminal may have moved, cut or cleared its cells
+
+
+class ChangedCells(CompositorUpdate):
+    """A compositor update that renders as the cells that differ from what the terminal shows."""
+
+    def __init__(self, terminal: TerminalCells, update: ChopsUpdate | LayoutUpdate) -> None:
+        self.terminal = terminal
+        self.update = update
+
+    def render_segments(self, console: Console) -> str:
+        return self.terminal.render(self.update, console)
+
+
+def _placed_strips(update: ChopsUpdate | LayoutUpdate):
+    """(y, x, strip) for every strip the update writes, cropped as Textual crops it."""
+    if isinstance(update, LayoutUpdate):
+        for y, line in enumerate(update.strips, update.region.y):
+            x = update.region.x
+            for strip in line:
+                yield y, x, strip
+                x += strip.cell_length
+        return
+    for y, x1, x2 in update.spans:
+        for end, (x, chop) in zip(update.chop_ends[y], update.chops[y].items()):
+            if chop is None or x > x2 or end <= x1:
+                continue
+            if x2 > x >= x1 and end <= x2:
+                yield y, x, chop
+            else:
+                yield y, x, chop.crop(0, min(end, x2) - x)
+
+
+def _changed_runs(old: list, new: list[Cell]) -> list[tuple[int, int]]:
+    """[start, stop) runs where `new` differs from `old`, joined across short gaps. A run that
+    starts on the second half of a wide character starts on its first: the terminal may have
+    blanked that half when the second was overwritten, whatever the copy says."""
+    runs: list[tuple[int, int]] = []
+    n = len(new)
+    i = 0
+    while i < n:
+        if old[i] == new[i]:
+            i += 1
+            continue
+        start = i
+        while i < n and old[i] != new[i]:
+            i += 1
+        while start > 0 and new[start][0] is CONTINUED:
+            start -= 1
+        if runs and start - runs[-1][1] <= SHORTEST_JUMP:
+            start = runs.pop()[0]
+        runs.append((start, i))
+    return runs
+
+
+class _Output:
+    """Escape sequences for one update; the style carried from one run to the next."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.style: tuple[str, str] = ("", "")  # SGR codes and link in effect
+
+    def move(self, x: int, y: int) -> None:
+        self.parts.append(f"\x1b[{y + 1};{x + 1}H")
+
+    def cell(self, cell: Cell) -> None:
+        char, sgr, link = cell
+        if (sgr, link) != self.style:
+            self._set_style(sgr, link)
+        self.parts.append(char)
+
+    def raw(self, text: str) -> None:
+        self._set_style("", "")
+        self.parts.append(text)  # ends with its styles reset, as Textual's strips do
+
+    def _set_style(self, sgr: str, link: str) -> None:
+        was_sgr, was_link = self.style
+        if link != was_link:
+            self.parts.append(f"\x1b]8;;{link}\x1b\\" if link else "\x1b]8;;\x1b\\")
+        if sgr != was_sgr:
+            self.parts.append(f"\x1b[0;{sgr}m" if sgr else "\x1b[0m")
+        self.style = (sgr, link)
+
+    def finish(self) -> str:
+        self._set_style("", "")
+        return "".join(self.parts)
