@@ -15,6 +15,8 @@ resize, a suspend and a resume, and whenever something other than a compositor u
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from rich.cells import get_character_cell_size
 from rich.color import ColorSystem
 from rich.console import Console
@@ -220,9 +222,62 @@ class _Output:
         if link != was_link:
             self.parts.append(f"\x1b]8;;{link}\x1b\\" if link else "\x1b]8;;\x1b\\")
         if sgr != was_sgr:
-            self.parts.append(f"\x1b[0;{sgr}m" if sgr else "\x1b[0m")
+            self.parts.append(sgr_change(was_sgr, sgr))
         self.style = (sgr, link)
 
     def finish(self) -> str:
         self._set_style("", "")
         return "".join(self.parts)
+
+
+# SGR codes that turn an attribute off (22 turns off bold and dim both, 24 both underlines...).
+ATTRIBUTE_OFF = {"1": "22", "2": "22", "3": "23", "4": "24", "21": "24", "5": "25", "6": "25", "7": "27",
+                 "8": "28", "9": "29", "51": "54", "52": "54", "53": "55"}
+
+
+@lru_cache(maxsize=1024)
+def sgr_parts(sgr: str) -> tuple[frozenset[str], str, str]:
+    """SGR codes as Textual writes them (attributes, then foreground, then background) read back
+    as (attributes, foreground, background); a colour not set is ""."""
+    codes = sgr.split(";") if sgr else []
+    attributes: set[str] = set()
+    fg = bg = ""
+    i = 0
+    while i < len(codes):
+        code = codes[i]
+        if code in ("38", "48"):
+            size = 3 if codes[i + 1] == "5" else 5
+            colour, i = ";".join(codes[i:i + size]), i + size
+            if code == "38":
+                fg = colour
+            else:
+                bg = colour
+            continue
+        number = int(code)
+        if 30 <= number <= 39 or 90 <= number <= 97:
+            fg = code
+        elif 40 <= number <= 49 or 100 <= number <= 107:
+            bg = code
+        else:
+            attributes.add(code)
+        i += 1
+    return frozenset(attributes), fg, bg
+
+
+@lru_cache(maxsize=4096)
+def sgr_change(old: str, new: str) -> str:
+    """The shortest SGR sequence that takes the terminal from the `old` codes to the `new`: only
+    what differs, or a reset and the whole of `new`, whichever is shorter."""
+    reset = f"\x1b[0;{new}m" if new else "\x1b[0m"
+    old_attributes, old_fg, old_bg = sgr_parts(old)
+    attributes, fg, bg = sgr_parts(new)
+    off = {ATTRIBUTE_OFF[a] for a in old_attributes - attributes}
+    # An attribute kept but turned off with another (bold kept, dim dropped: 22) is set again.
+    on = [a for a in sorted(attributes) if a not in old_attributes or ATTRIBUTE_OFF[a] in off]
+    codes = sorted(off) + on
+    if fg != old_fg:
+        codes.append(fg or "39")
+    if bg != old_bg:
+        codes.append(bg or "49")
+    delta = f"\x1b[{';'.join(codes)}m"
+    return delta if len(delta) < len(reset) else reset

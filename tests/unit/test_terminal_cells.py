@@ -66,7 +66,8 @@ class Console:
 
 TEXTS = ["a", "b", " ", "xyz", "中", "文字", "🚀", "e\u0301", "\u0301", "—", "▲+1", "░█", "⢀⡠"]
 STYLES = [None, Style(color="red"), Style(bgcolor="blue"), Style(bold=True, color="color(188)", bgcolor="color(16)"),
-          Style(reverse=True), Style(color="red", bgcolor="blue", underline=True)]
+          Style(reverse=True), Style(color="red", bgcolor="blue", underline=True), Style(bold=True, dim=True),
+          Style(dim=True, italic=True, strike=True), Style(color="default", bgcolor="#ff8800"), Style(color="bright_green")]
 
 
 def test_a_wide_character_half_overwritten_is_sent_whole_again():
