@@ -16,6 +16,7 @@ resize, a suspend and a resume, and whenever something other than a compositor u
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import cast
 
 from rich.cells import get_character_cell_size
 from rich.color import ColorSystem
@@ -31,9 +32,9 @@ from textual.strip import Strip
 Cell = tuple[str, str, str]
 CONTINUED = ""
 UNKNOWN = None  # a cell whose content on the terminal is not known: never equal to a new cell
-# A gap of unchanged cells this short between two changed runs is sent again rather than jumped
-# over: a cursor move costs about as much.
-SHORTEST_JUMP = 4
+# Unchanged cells between two changed runs are sent again rather than jumped over when they cost
+# no more bytes than the cursor move (4 or 5 bytes), so never more than these.
+JOIN_CELLS = 5
 
 
 class TerminalCells:
@@ -58,20 +59,30 @@ class TerminalCells:
 
     def render(self, update: ChopsUpdate | LayoutUpdate, console: Console) -> str:
         color_system = console._color_system or ColorSystem.TRUECOLOR
-        out = _Output()
+        writes: dict[int, list[tuple[int, list[Cell] | str]]] = {}  # y -> (x, cells or raw text)
         for y, x, strip in _placed_strips(update):
-            self._strip(out, y, x, strip, console, color_system)
+            self._diff(writes.setdefault(y, []), y, x, strip, console, color_system)
+        out = _Output()
+        for y in sorted(writes):  # the writes do not overlap: any order shows the same screen
+            for x, what in self._joined(self.rows[y], sorted(writes[y], key=lambda w: w[0])):
+                out.move(x, y)
+                if isinstance(what, str):
+                    out.raw(what)
+                else:
+                    for cell in what:
+                        if cell[0] is not CONTINUED:
+                            out.cell(cell)
         return out.finish()
 
-    def _strip(self, out: _Output, y: int, x: int, strip: Strip, console: Console, color_system: ColorSystem) -> None:
+    def _diff(self, writes: list, y: int, x: int, strip: Strip, console: Console, color_system: ColorSystem) -> None:
+        """Note in `writes` (and in the copy) what of `strip`, placed at `x`, differs."""
         new = self._cells(strip, color_system)
         row = self.rows.setdefault(y, [])
         end = x + len(new) if new is not None else x + strip.cell_length
         if len(row) < end:
             row.extend([UNKNOWN] * (end - len(row)))
         if new is None:  # drawn as Textual draws it; what each cell shows is not followed
-            out.move(x, y)
-            out.raw(strip.render(console))
+            writes.append((x, strip.render(console)))
             start = max(0, x - 1)  # a leading zero-width character joins the cell before
             row[start:end] = [UNKNOWN] * (end - start)
             return
@@ -79,11 +90,28 @@ class TerminalCells:
         if old == new:
             return
         for start, stop in _changed_runs(old, new):
-            out.move(x + start, y)
-            for cell in new[start:stop]:
-                if cell[0] is not CONTINUED:
-                    out.cell(cell)
+            writes.append((x + start, new[start:stop]))
             row[x + start : x + stop] = new[start:stop]
+
+    @staticmethod
+    def _joined(row: list[Cell | None], writes: list[tuple[int, list[Cell] | str]]) -> list:
+        """`writes` with runs of cells joined where the unchanged cells between them (known, in the
+        style on both sides) cost no more bytes to send again than a cursor move."""
+        joined: list[tuple[int, list[Cell] | str]] = []
+        for x, what in writes:
+            before = joined[-1] if joined else None
+            if before is not None and isinstance(before[1], list) and isinstance(what, list):
+                at, cells = before
+                end = at + len(cells)
+                style = cells[-1][1:]
+                if 0 <= x - end <= JOIN_CELLS and what[0][1:] == style and None not in row[end:x]:
+                    gap = cast(list[Cell], row[end:x])
+                    if (all(c[1:] == style for c in gap)
+                            and sum(len(c[0].encode()) for c in gap) <= len(f"\x1b[{x + 1}G")):
+                        joined[-1] = (at, [*cells, *gap, *what])
+                        continue
+            joined.append((x, what))
+        return joined
 
     def _cells(self, strip: Strip, color_system: ColorSystem) -> list[Cell] | None:
         """One cell per terminal column; None for a strip whose cells cannot be followed (a
@@ -176,9 +204,9 @@ def _placed_strips(update: ChopsUpdate | LayoutUpdate):
 
 
 def _changed_runs(old: list, new: list[Cell]) -> list[tuple[int, int]]:
-    """[start, stop) runs where `new` differs from `old`, joined across short gaps. A run that
-    starts on the second half of a wide character starts on its first: the terminal may have
-    blanked that half when the second was overwritten, whatever the copy says."""
+    """[start, stop) runs where `new` differs from `old`. A run that starts on the second half of
+    a wide character starts on its first: the terminal may have blanked that half when the second
+    was overwritten, whatever the copy says."""
     runs: list[tuple[int, int]] = []
     n = len(new)
     i = 0
@@ -191,8 +219,6 @@ def _changed_runs(old: list, new: list[Cell]) -> list[tuple[int, int]]:
             i += 1
         while start > 0 and new[start][0] is CONTINUED:
             start -= 1
-        if runs and start - runs[-1][1] <= SHORTEST_JUMP:
-            start = runs.pop()[0]
         runs.append((start, i))
     return runs
 
@@ -203,19 +229,35 @@ class _Output:
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.style: tuple[str, str] = ("", "")  # SGR codes and link in effect
+        # Where the cursor is: the row, and the column if it is sure (not after a character whose
+        # width the terminal might count otherwise than Rich: a wide or combined one).
+        self.y: int | None = None
+        self.x: int | None = None
 
     def move(self, x: int, y: int) -> None:
-        self.parts.append(f"\x1b[{y + 1};{x + 1}H")
+        if y == self.y:
+            if x == self.x:
+                return
+            # The column alone; a carriage return is the shortest way to the first.
+            self.parts.append("\r" if x == 0 else f"\x1b[{x + 1}G")
+        elif x == self.x:
+            self.parts.append(f"\x1b[{y + 1}d")  # the row alone
+        else:
+            self.parts.append(f"\x1b[{y + 1};{x + 1}H")
+        self.x, self.y = x, y
 
     def cell(self, cell: Cell) -> None:
         char, sgr, link = cell
         if (sgr, link) != self.style:
             self._set_style(sgr, link)
         self.parts.append(char)
+        if self.x is not None:
+            self.x = self.x + 1 if len(char) == 1 and char.isascii() else None
 
     def raw(self, text: str) -> None:
         self._set_style("", "")
         self.parts.append(text)  # ends with its styles reset, as Textual's strips do
+        self.x = None
 
     def _set_style(self, sgr: str, link: str) -> None:
         was_sgr, was_link = self.style

@@ -88,6 +88,22 @@ def test_a_zero_width_character_first_in_a_strip_leaves_the_cell_before_unknown(
     terminals.feed(LayoutUpdate([[ab]], Region(0, 0, 2, 1)), Console())
 
 
+def test_unknown_cells_between_two_changes_are_jumped_over():
+    terminals = TwoTerminals(6, 1)
+    terminals.feed(LayoutUpdate([[Strip([Segment("abcdef")])]], Region(0, 0, 6, 1)), Console())
+    terminals.cells.forget()
+    a, d = Strip([Segment("a")]), Strip([Segment("d")])
+    terminals.feed(ChopsUpdate([{0: a, 3: d}], [(0, 0, 4)], [[1, 4]]), Console())
+
+
+def test_after_a_wide_character_the_cursor_is_placed_again():
+    terminals = TwoTerminals(6, 2)
+    before = [[Strip([Segment("中")])], [Strip([Segment(" a")])]]
+    after = [[Strip([Segment("文")])], [Strip([Segment(" b")])]]
+    terminals.feed(LayoutUpdate(before, Region(0, 0, 2, 2)), Console())
+    terminals.feed(LayoutUpdate(after, Region(0, 0, 2, 2)), Console())
+
+
 def random_strip(rng: random.Random, room: int) -> Strip:
     segments = []
     length = 0
