@@ -16,6 +16,8 @@ resize, a suspend and a resume, and whenever something other than a compositor u
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import groupby
+from operator import itemgetter
 from typing import cast
 
 from rich.cells import get_character_cell_size
@@ -69,9 +71,7 @@ class TerminalCells:
                 if isinstance(what, str):
                     out.raw(what)
                 else:
-                    for cell in what:
-                        if cell[0] is not CONTINUED:
-                            out.cell(cell)
+                    out.cells(what)
         return out.finish()
 
     def _diff(self, writes: list, y: int, x: int, strip: Strip, console: Console, color_system: ColorSystem) -> None:
@@ -246,13 +246,14 @@ class _Output:
             self.parts.append(f"\x1b[{y + 1};{x + 1}H")
         self.x, self.y = x, y
 
-    def cell(self, cell: Cell) -> None:
-        char, sgr, link = cell
-        if (sgr, link) != self.style:
-            self._set_style(sgr, link)
-        self.parts.append(char)
-        if self.x is not None:
-            self.x = self.x + 1 if len(char) == 1 and char.isascii() else None
+    def cells(self, cells: list[Cell]) -> None:
+        for style, group in groupby(cells, key=itemgetter(1, 2)):
+            if style != self.style:
+                self._set_style(*style)
+            text = "".join([cell[0] for cell in group])  # the second half of a wide one is ""
+            self.parts.append(text)
+            if self.x is not None:
+                self.x = self.x + len(text) if text.isascii() else None
 
     def raw(self, text: str) -> None:
         self._set_style("", "")
