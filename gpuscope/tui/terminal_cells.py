@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from itertools import groupby
-from operator import itemgetter
+from operator import itemgetter, ne
 from typing import cast
 
 from rich.cells import get_character_cell_size
@@ -37,6 +37,8 @@ UNKNOWN = None  # a cell whose content on the terminal is not known: never equal
 # Unchanged cells between two changed runs are sent again rather than jumped over when they cost
 # no more bytes than the cursor move (4 or 5 bytes), so never more than these.
 JOIN_CELLS = 5
+# The bytes of a scroll: set the region, place the cursor, insert or delete lines, reset the region.
+SCROLL_COST = 24
 
 
 class TerminalCells:
@@ -61,10 +63,14 @@ class TerminalCells:
 
     def render(self, update: ChopsUpdate | LayoutUpdate, console: Console) -> str:
         color_system = console._color_system or ColorSystem.TRUECOLOR
-        writes: dict[int, list[tuple[int, list[Cell] | str]]] = {}  # y -> (x, cells or raw text)
-        for y, x, strip in _placed_strips(update):
-            self._diff(writes.setdefault(y, []), y, x, strip, console, color_system)
+        placed = [(y, x, strip, self._cells(strip, color_system)) for y, x, strip in _placed_strips(update)]
         out = _Output()
+        writes: dict[int, list[tuple[int, list[Cell] | str]]] = {}  # y -> (x, cells or raw text)
+        scrolled = self._scroll(placed, out, writes)
+        for y, x, strip, new in placed:
+            if y not in scrolled:
+                self._diff(writes.setdefault(y, []), y, x, new if new is not None else strip.render(console),
+                           strip.cell_length)
         for y in sorted(writes):  # the writes do not overlap: any order shows the same screen
             for x, what in self._joined(self.rows[y], sorted(writes[y], key=lambda w: w[0])):
                 out.move(x, y)
@@ -74,15 +80,15 @@ class TerminalCells:
                     out.cells(what)
         return out.finish()
 
-    def _diff(self, writes: list, y: int, x: int, strip: Strip, console: Console, color_system: ColorSystem) -> None:
-        """Note in `writes` (and in the copy) what of `strip`, placed at `x`, differs."""
-        new = self._cells(strip, color_system)
+    def _diff(self, writes: list, y: int, x: int, new: list[Cell] | str, length: int) -> None:
+        """Note in `writes` (and in the copy) what of `new`, placed at `x`, differs: cells, or a
+        strip's rendering whose cells are not followed."""
         row = self.rows.setdefault(y, [])
-        end = x + len(new) if new is not None else x + strip.cell_length
+        end = x + length
         if len(row) < end:
             row.extend([UNKNOWN] * (end - len(row)))
-        if new is None:  # drawn as Textual draws it; what each cell shows is not followed
-            writes.append((x, strip.render(console)))
+        if isinstance(new, str):  # drawn as Textual draws it
+            writes.append((x, new))
             start = max(0, x - 1)  # a leading zero-width character joins the cell before
             row[start:end] = [UNKNOWN] * (end - start)
             return
@@ -92,6 +98,43 @@ class TerminalCells:
         for start, stop in _changed_runs(old, new):
             writes.append((x + start, new[start:stop]))
             row[x + start : x + stop] = new[start:stop]
+
+    def _scroll(self, placed: list, out: _Output, writes: dict) -> set[int]:
+        """Where a block of whole lines moved up or down (a table's rows when one comes or goes),
+        scroll them on the terminal (a scrolling region, then insert or delete lines) instead of
+        sending each line again, as curses does. Returns the rows diffed here, whole."""
+        targets: dict[int, list] = {}  # y -> the whole line after the update
+        for y, x, _, new in placed:
+            row = self.rows.get(y)
+            if new is None or row is None or x + len(new) > len(row):
+                return set()
+            target = targets.get(y)
+            if target is None:
+                target = targets[y] = list(row)
+            target[x:x + len(new)] = new
+        best = None  # (cells saved, top, bottom, shift)
+        for block in _consecutive(sorted(targets)):
+            width = len(self.rows[block[0]])
+            if len(block) < 3 or any(len(self.rows[y]) != width or UNKNOWN in self.rows[y] for y in block):
+                continue
+            unscrolled = [_differing(targets[y], self.rows[y]) for y in block]
+            if sum(unscrolled) <= width + SCROLL_COST:  # no scroll can save more
+                continue
+            for shift in (1, -1, 2, -2, 3, -3):
+                found = _best_scroll(block, shift, unscrolled, targets, self.rows, width)
+                if found is not None and (best is None or found[0] > best[0]):
+                    best = found
+        if best is None:
+            return set()
+        _, top, bottom, shift = best
+        out.scroll(top, bottom, shift)
+        old = {y: self.rows[y] for y in range(top, bottom + 1)}
+        width = len(old[top])
+        for y in range(top, bottom + 1):
+            source = y - shift
+            self.rows[y] = list(old[source]) if top <= source <= bottom else [UNKNOWN] * width
+            self._diff(writes.setdefault(y, []), y, 0, targets[y], width)
+        return set(range(top, bottom + 1))
 
     @staticmethod
     def _joined(row: list[Cell | None], writes: list[tuple[int, list[Cell] | str]]) -> list:
@@ -143,6 +186,43 @@ class TerminalCells:
                 else:
                     return None
         return cells
+
+
+def _consecutive(rows: list[int]) -> list[list[int]]:
+    blocks: list[list[int]] = []
+    for y in rows:
+        if blocks and blocks[-1][-1] == y - 1:
+            blocks[-1].append(y)
+        else:
+            blocks.append([y])
+    return blocks
+
+
+def _differing(a: list, b: list) -> int:
+    return len(a) if len(a) != len(b) else sum(map(ne, a, b))
+
+
+def _best_scroll(block: list[int], shift: int, unscrolled: list[int], targets: dict, rows: dict,
+                 width: int) -> tuple[int, int, int, int] | None:
+    """The region of `block` that, its lines moved by `shift` (down if positive), leaves the
+    fewest cells to send: (cells saved, top, bottom, shift), or None if none saves any."""
+    first, last, n = block[0], block[-1], abs(shift)
+    # Per row, the cells left to send once the line it gets has moved there (0 where none can).
+    moved = [_differing(targets[y], rows[y - shift]) if first <= y - shift <= last else 0 for y in block]
+    before, after = [0], [0]  # prefix sums
+    for u, m in zip(unscrolled, moved):
+        before.append(before[-1] + u)
+        after.append(after[-1] + m)
+    best = None
+    fixed = SCROLL_COST + width * n  # the scroll, and the lines it leaves blank sent whole
+    for top in range(len(block)):
+        for bottom in range(top + n, len(block)):
+            # rows that get a moved line: below the blank ones (down) or above them (up)
+            kept = after[bottom + 1] - after[top + n] if shift > 0 else after[bottom + 1 - n] - after[top]
+            saved = before[bottom + 1] - before[top] - fixed - kept
+            if saved > 0 and (best is None or saved > best[0]):
+                best = (saved, first + top, first + bottom, shift)
+    return best
 
 
 class ChangedCellsApp(App):
@@ -254,6 +334,13 @@ class _Output:
             self.parts.append(text)
             if self.x is not None:
                 self.x = self.x + len(text) if text.isascii() else None
+
+    def scroll(self, top: int, bottom: int, shift: int) -> None:
+        """Move the lines top..bottom by `shift` (down if positive); lines leaving the region are
+        lost, lines coming in are blank. The margins are set back to the whole screen."""
+        self.parts.append(f"\x1b[{top + 1};{bottom + 1}r\x1b[{top + 1};1H"
+                          f"\x1b[{abs(shift)}{'L' if shift > 0 else 'M'}\x1b[r")
+        self.x = self.y = None
 
     def raw(self, text: str) -> None:
         self._set_style("", "")

@@ -38,6 +38,7 @@ class TwoTerminals:
         diffed = self.cells.update(update).render_segments(console)
         self.streams[0].feed(whole)
         self.streams[1].feed(diffed)
+        self.diffed_output = diffed
         self.bytes_whole += len(whole.encode())
         self.bytes_diffed += len(diffed.encode())
         self.updates += 1
@@ -151,6 +152,34 @@ def test_random_updates_with_wide_and_combining_characters_leave_the_same_screen
             update = ChopsUpdate(all_chops, [(y, x, x2)], all_ends)
         terminals.feed(update, Console())
     assert terminals.bytes_diffed < terminals.bytes_whole
+
+
+def test_rows_that_move_up_or_down_are_scrolled_and_leave_the_same_screen():
+    """A table whose rows come and go: the lines below move, and are scrolled on the terminal;
+    cells of those lines that the update does not cover (a panel beside it) are put back."""
+    width, height = 30, 12
+    rng = random.Random(3)
+    terminals = TwoTerminals(width, height)
+    names = ["".join(rng.choice("abcdefghij 中") for _ in range(14)) for _ in range(40)]
+    shown = names[:10]
+    panel = [[Strip([Segment("│ panel  │" if y != 5 else "│ 中 5   │", STYLES[3])])] for y in range(height)]
+    terminals.feed(LayoutUpdate(panel, Region(width - 10, 0, 10, height)), Console())
+    scrolls = 0
+    for step in range(80):
+        change = rng.choice(["insert", "delete", "edit"])
+        if change == "insert":
+            shown.insert(rng.randrange(len(shown)), rng.choice(names))
+        elif change == "delete":
+            del shown[rng.randrange(len(shown))]
+        else:
+            y = rng.randrange(len(shown))
+            shown[y] = shown[y][:-1] + str(step % 10)
+        shown = (shown + names)[:10]
+        lines = [[Strip([Segment(name, STYLES[2])]).adjust_cell_length(20, STYLES[2])] for name in shown]
+        update = LayoutUpdate(lines, Region(0, 1, 20, 10))
+        terminals.feed(update, Console())
+        scrolls += "r\x1b[" in terminals.diffed_output
+    assert scrolls > 10
 
 
 def recorded(app: GpuScopeApp, width: int, height: int) -> GpuScopeApp:
