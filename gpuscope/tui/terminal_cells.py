@@ -4,8 +4,9 @@ Textual repaints a widget's region whenever the widget refreshes, and writes eve
 with a full style before each run of text and a reset after it. Over SSH those bytes are what the
 operator feels, and most of them rewrite what the terminal already shows. Like curses,
 `TerminalCells` keeps a copy of the screen (per cell: the character and its style's SGR codes)
-and turns each of Textual's updates into the runs of cells that differ from the copy: one cursor
-move per run, a style change only where the style changes, no newlines.
+and turns each of Textual's updates into the runs of cells that differ from the copy: one short
+cursor move per run, only the SGR codes that change, no newlines; where a block of lines moved up
+or down (a table's rows when a process comes or goes), the terminal scrolls it.
 
 The copy must never disagree with the terminal where it matters. A cell whose content is not
 followed (a strip drawn as Textual draws it) is marked unknown, and an unknown cell is always sent
@@ -22,8 +23,7 @@ from typing import cast
 
 from rich.cells import get_character_cell_size
 from rich.color import ColorSystem
-from rich.console import Console
-from rich.console import RenderableType
+from rich.console import Console, RenderableType
 from textual import events, on
 from textual._compositor import ChopsUpdate, CompositorUpdate, LayoutUpdate
 from textual.app import App
@@ -180,7 +180,7 @@ class TerminalCells:
                 elif width == 2:
                     append((ch, sgr, link))
                     append((CONTINUED, sgr, link))
-                elif cells and cells[-1][0] is not CONTINUED:
+                elif cells and cells[-1][0] != CONTINUED:
                     last = cells[-1]
                     cells[-1] = (last[0] + ch, last[1], last[2])
                 else:
@@ -189,6 +189,7 @@ class TerminalCells:
 
 
 def _consecutive(rows: list[int]) -> list[list[int]]:
+    """Sorted row numbers in blocks of consecutive ones."""
     blocks: list[list[int]] = []
     for y in rows:
         if blocks and blocks[-1][-1] == y - 1:
@@ -199,6 +200,7 @@ def _consecutive(rows: list[int]) -> list[list[int]]:
 
 
 def _differing(a: list, b: list) -> int:
+    """How many cells of two lines differ."""
     return len(a) if len(a) != len(b) else sum(map(ne, a, b))
 
 
@@ -297,7 +299,7 @@ def _changed_runs(old: list, new: list[Cell]) -> list[tuple[int, int]]:
         start = i
         while i < n and old[i] != new[i]:
             i += 1
-        while start > 0 and new[start][0] is CONTINUED:
+        while start > 0 and new[start][0] == CONTINUED:
             start -= 1
         runs.append((start, i))
     return runs
