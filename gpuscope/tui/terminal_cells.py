@@ -12,6 +12,10 @@ The copy must never disagree with the terminal where it matters. A cell whose co
 followed (a strip drawn as Textual draws it) is marked unknown, and an unknown cell is always sent
 again; a wide character is always sent whole. `forget` makes every cell unknown: on a
 resize, a suspend and a resume, and whenever something other than a compositor update was written.
+
+This reads Textual's compositor updates (textual._compositor, App._display), which are not public:
+tests/unit/test_terminal_cells.py feeds both outputs to a terminal emulator, so an upgrade of
+Textual that changes them fails there.
 """
 
 from __future__ import annotations
