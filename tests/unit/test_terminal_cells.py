@@ -6,11 +6,12 @@ import random
 from dataclasses import replace
 
 import pyte
+from rich.color import ColorSystem
+from rich.segment import Segment
 from rich.style import Style
 from textual._compositor import ChopsUpdate, LayoutUpdate
 from textual.geometry import Region
 from textual.strip import Strip
-from rich.segment import Segment
 
 from gpuscope.core.model import ProcessRow
 from gpuscope.tui.app import GpuScopeApp
@@ -62,7 +63,7 @@ class TwoTerminals:
 class Console:
     """What render_segments reads of a console: its colour system (256 colours, as over SSH)."""
 
-    _color_system = 2  # rich.color.ColorSystem.EIGHT_BIT
+    _color_system = ColorSystem.EIGHT_BIT
 
 
 TEXTS = ["a", "b", " ", "xyz", "中", "文字", "🚀", "e\u0301", "\u0301", "—", "▲+1", "░█", "⢀⡠"]
