@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from functools import partial, wraps
 
 from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.color import Color
@@ -47,6 +47,7 @@ from gpuscope.tui.messages import ExportFailed, FrameReady, ServingReady, Snapsh
 from gpuscope.tui.processes import SORTS, ProcessTable
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.textlines import TextLines
+from gpuscope.tui.terminal_cells import ChangedCellsApp
 from gpuscope.tui.timeline import Timeline
 from gpuscope.tui.workspace import Workspace
 
@@ -85,7 +86,8 @@ def _unless_closed(handler):
     return guarded
 
 
-class GpuScopeApp(App):
+# Terminal output: only the cells that changed go out (gpuscope.tui.terminal_cells).
+class GpuScopeApp(ChangedCellsApp):
     CSS_PATH = "gpuscope.tcss"
     TITLE = "gpuscope"
     ENABLE_COMMAND_PALETTE = True
