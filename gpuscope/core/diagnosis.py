@@ -509,7 +509,9 @@ def _instrument(att: Attribution | None, note: dict) -> InstrumentCost | None:
         loaded_from=cost.get("from"), sees=cost.get("sees"), cut_short=bool(cost.get("cut_short")),
         rss_before=before, rss_tracking=tracking, rss_after=after,
         added_bytes=tracking - before if tracking is not None and before is not None else None,
-        left_bytes=note.get("tracker_left_bytes"))
+        left_bytes=note.get("tracker_left_bytes"),
+        planned_seconds=round(float(planned), 1) if isinstance(planned := cost.get("planned_s"), (int, float)) else None,
+        stopped_because=str(cost["stopped"]) if cost.get("stopped") else None)
 
 
 def _whole(v: object) -> int | None:

@@ -111,6 +111,8 @@ class InstrumentCost:
     rss_after: int | None = None
     added_bytes: int | None = None
     left_bytes: int | None = None
+    planned_seconds: float | None = None  # the longest it could have tracked
+    stopped_because: str | None = None  # why it stopped before that: what it saw was clear
 
     def to_json(self) -> dict:
         """The diagnosis JSON's "instrument" object ({} where no tracker ran)."""
@@ -123,7 +125,9 @@ class InstrumentCost:
             out["sees"] = self.sees
         out["cut_short"] = self.cut_short
         out.update(rss_before=self.rss_before, rss_tracking=self.rss_tracking, rss_after=self.rss_after,
-                   added_bytes=self.added_bytes, left_bytes=self.left_bytes)
+                   added_bytes=self.added_bytes, left_bytes=self.left_bytes,
+                   planned_seconds=self.planned_seconds, stopped_early=self.stopped_because is not None,
+                   stopped_because=self.stopped_because)
         return out
 
 
@@ -227,6 +231,10 @@ def evidence_lines(diagnosis: Diagnosed, now: float | None = None) -> dict[int, 
 def instrument_lines(cost: InstrumentCost) -> list[str]:
     """What the tracker inside the process was, what it cost, and what it could not keep."""
     what = f"instrument: {cost.method} tracked for {format_duration(cost.seconds or 0.0)}"
+    if cost.planned_seconds is not None:
+        what += f" of {format_duration(cost.planned_seconds)} at most"
+        what += (f", stopped early: {cost.stopped_because}" if cost.stopped_because
+                 else "" if cost.cut_short else ", all of it (the held bytes' trend was not clear sooner)")
     if cost.loaded_from and cost.loaded_from != "the service's environment":
         what += f", loaded from {cost.loaded_from}"
     if cost.sees:

@@ -938,6 +938,70 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
                      f"held bytes at {format_size(points[-1][1])}, not rising steadily")
 
 
+# --- when a running tracker has seen enough ---------------------------------------------------------
+
+SETTLE_SKIP_S = 1.0  # the tracker's own start (its buffers, its module) is in its first second
+SETTLE_MIN_S = 6.0  # a tracker is never stopped sooner: fewer points make no trend
+SETTLE_MIN_POINTS = 6
+SETTLE_TAU = 0.8  # a rise this steady (Kendall's tau) over the points so far is clear
+SETTLE_FLAT_BYTES = 256 * 1024  # floors this close: flat (the floors of each third of the points)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Why a tracker may stop before its time: "rising" (a site's held bytes rise steadily),
+    "levelled" (the memory in use rose, then levelled off) or "flat"."""
+
+    kind: str
+    reason: str
+
+
+def tracking_settled(times: Sequence[float], sites: Sequence[tuple[str, Sequence[float | None]]],
+                     totals: Sequence[tuple[str, Sequence[float | None]]],
+                     thresholds: LeakThresholds = LeakThresholds()) -> Settled | None:
+    """Whether what a running tracker has seen so far is clear enough to stop it (None: not yet).
+
+    `sites`: held bytes of allocation sites; `totals`: the process's memory in use (the heap
+    malloc has handed out, the RSS), each at `times` (seconds since tracking began). A site or the
+    heap rising steadily is a clear leak; every total flat, or risen and then levelled off, is
+    clearly none (a cache filling to its bound). Anything else: keep tracking."""
+    kept = [i for i, t in enumerate(times) if t >= SETTLE_SKIP_S]
+    if len(kept) < SETTLE_MIN_POINTS or times[kept[-1]] < SETTLE_MIN_S:
+        return None
+
+    def points(held: Sequence[float | None]) -> list[tuple[float, float]]:
+        return [(times[i], float(v)) for i in kept if i < len(held) and (v := held[i]) is not None]
+
+    for name, held in [*sites, *totals[:1]]:  # the RSS rises with a tracker's own buffers: not a leak's sign
+        pts = points(held)
+        if len(pts) < SETTLE_MIN_POINTS:
+            continue
+        trend = held_trend([t for t, _ in pts], [v for _, v in pts], thresholds)
+        if trend.kind == "rising" and _kendall(pts) >= SETTLE_TAU:
+            return Settled("rising", f"{name} rose {format_speed(trend.growth_bytes_per_s)} steadily for "
+                                     f"{format_duration(pts[-1][0] - pts[0][0])}")
+    shapes = []
+    for name, held in totals:
+        pts = points(held)
+        if len(pts) < SETTLE_MIN_POINTS:
+            continue
+        third = len(pts) // 3
+        floors = [min(v for _, v in part) for part in (pts[:third], pts[third:2 * third], pts[2 * third:])]
+        if max(floors) - min(floors) <= SETTLE_FLAT_BYTES:
+            shapes.append((name, "flat"))
+        elif floors[1] - floors[0] >= HELD_MIN_RISE and abs(floors[2] - floors[1]) <= SETTLE_FLAT_BYTES:
+            shapes.append((name, "levelled"))
+        else:
+            return None  # still moving: keep tracking
+    if not shapes:
+        return None
+    span = format_duration(times[kept[-1]] - times[kept[0]])
+    levelled = [name for name, shape in shapes if shape == "levelled"]
+    if levelled:
+        return Settled("levelled", f"{levelled[0]} rose, then stayed level for {span} (a cache filling to its bound)")
+    return Settled("flat", f"{' and '.join(name for name, _ in shapes)} flat for {span}")
+
+
 # --- live -----------------------------------------------------------------------------------------
 
 
