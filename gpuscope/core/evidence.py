@@ -150,6 +150,7 @@ class VerdictEvidence:
     ranking: tuple[ProcessGrowth, ...] = ()
     rungs: tuple[Rung, ...] = ()
     prometheus_node: str | None = None  # read from Prometheus history of this node, not from the process
+    unseen_growth: dict | None = None  # the memory grew where the tracker did not see (diagnosis.UnseenGrowth)
 
     def to_json(self) -> dict:
         """The diagnosis JSON's "evidence" object."""
@@ -163,6 +164,8 @@ class VerdictEvidence:
             out["sites"] = [s.to_json() for s in self.sites]
         if self.prometheus_node is not None:
             out["from"], out["node"] = "prometheus", self.prometheus_node
+        if self.unseen_growth is not None:
+            out["unseen_growth"] = self.unseen_growth
         return out
 
 
@@ -232,9 +235,10 @@ def instrument_lines(cost: InstrumentCost) -> list[str]:
     """What the tracker inside the process was, what it cost, and what it could not keep."""
     what = f"instrument: {cost.method} tracked for {format_duration(cost.seconds or 0.0)}"
     if cost.planned_seconds is not None:
-        what += f" of {format_duration(cost.planned_seconds)} at most"
-        what += (f", stopped early: {cost.stopped_because}" if cost.stopped_because
-                 else "" if cost.cut_short else ", all of it (the held bytes' trend was not clear sooner)")
+        planned = format_duration(cost.planned_seconds)
+        what += (f" ({planned} planned; stopped early: {cost.stopped_because})" if cost.stopped_because
+                 else f" ({planned} planned)" if cost.cut_short
+                 else f" (all of the {planned} planned: the held bytes' trend was not clear sooner)")
     if cost.loaded_from and cost.loaded_from != "the service's environment":
         what += f", loaded from {cost.loaded_from}"
     if cost.sees:

@@ -478,7 +478,7 @@ def _median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
-def _kendall(points: Sequence[tuple[float, float]]) -> float:
+def kendall_tau(points: Sequence[tuple[float, float]]) -> float:
     """Kendall's tau of value against time (Mann-Kendall S / number of pairs), in [-1, 1]."""
     s = pairs = 0
     for i, (_, v1) in enumerate(points):
@@ -662,7 +662,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
         seg = points[i:]
         b, _ = trend(i, m)
         duration = t_end - since
-        tau = _kendall(seg)
+        tau = kendall_tau(seg)
         confidence = max(tau, 0.0) * _evidence(len(seg), duration, th)
         needed = th.alert_rate(duration)
         z = z_score(seg, b)
@@ -698,7 +698,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
 
     def level(b: float) -> _View:
         """No real change of the floor over the horizon: flat, or a sawtooth."""
-        confidence = _evidence(m, span, th) * (1 - abs(_kendall(points)) / 2)
+        confidence = _evidence(m, span, th) * (1 - abs(kendall_tau(points)) / 2)
         if swinging:
             return view("no-leak", "sawtooth", b, confidence, t_start,
                         f"swings of {format_size(swing)} over a flat floor for {format_duration(span)} "
@@ -714,7 +714,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
         """A rise, then a flat floor from floor i (at time `stopped`) on."""
         b, _ = trend(i, m)
         flat_for = t_end - stopped
-        confidence = _evidence(m - i, flat_for, th) * (1 - abs(_kendall(points[i:])) / 2)
+        confidence = _evidence(m - i, flat_for, th) * (1 - abs(kendall_tau(points[i:])) / 2)
         head = (f"a {format_size(rise, sign=True)} step at {format_duration(since - origin)}" if step
                 else f"rose {format_size(rise)} in {format_duration(stopped - since)} (warm-up)")
         long_enough = flat_for >= th.min_plateau_s and m - i >= 2
@@ -920,7 +920,7 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
     if len(points) < 4 or points[-1][0] - points[0][0] < 2.0:
         return HeldTrend("insufficient-data", 0.0, 0.0, f"held bytes read at only {len(points)} times")
     slope = theil_sen(points) or 0.0
-    tau = _kendall(points)
+    tau = kendall_tau(points)
     half = len(points) // 2
     late = theil_sen(points[half:]) or 0.0
     early = theil_sen(points[: half + 1]) or 0.0
@@ -977,7 +977,7 @@ def tracking_settled(times: Sequence[float], sites: Sequence[tuple[str, Sequence
         if len(pts) < SETTLE_MIN_POINTS:
             continue
         trend = held_trend([t for t, _ in pts], [v for _, v in pts], thresholds)
-        if trend.kind == "rising" and _kendall(pts) >= SETTLE_TAU:
+        if trend.kind == "rising" and kendall_tau(pts) >= SETTLE_TAU:
             return Settled("rising", f"{name} rose {format_speed(trend.growth_bytes_per_s)} steadily for "
                                      f"{format_duration(pts[-1][0] - pts[0][0])}")
     shapes = []
