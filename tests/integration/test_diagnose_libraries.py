@@ -258,3 +258,64 @@ def test_with_no_memray_at_all_tracemalloc_names_the_leak_and_memray_says_how_fa
     assert tracking[-1] == 1.0 and any(0.2 < f < 0.99 for f in tracking), tracking
     assert tracking == sorted(tracking), tracking
     assert len(seen) == 1 and seen[0][0] == "memray" and seen[0][1] >= len(memray.suspects), seen
+
+
+# -- no suspect without evidence ------------------------------------------------------------------
+
+NO_EVIDENCE_DURATION_S = 20.0
+
+# Fills a 75 MB batch over 3 s and frees it (each 5 MB piece mapped and unmapped by malloc): the
+# RSS rises and falls again, never leaks, and stack samples always find it growing somewhere.
+BATCHES = """
+import time
+def fill(batch):
+    batch.append(b"x" * 5_000_000)  # touched: resident, unlike bytearray(n)
+print("ready", flush=True)
+while True:
+    batch = []
+    for _ in range(15):
+        fill(batch); time.sleep(0.2)
+    del batch
+    time.sleep(0.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def without_evidence(tmp_path_factory, bare_python):
+    """In one window, with no memray to lend: the leaking FAISS service under the probe (only
+    tracemalloc, which cannot see the index's native memory) and a batch service without the
+    probe (nothing runs inside it: stack sampling of a process that does not leak)."""
+    folder = tmp_path_factory.mktemp("without-evidence")
+    procs = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(allocations, "own_memray_path", lambda: None)  # an interpreter gpuscope cannot lend to
+        try:
+            procs.update(start_services(folder, bare_python, {("tracemalloc", "faiss"): (FAISS, True)}, probe=True))
+            procs.update(start_services(folder, bare_python, {("sampling", "batches"): (BATCHES, False)}, probe=False))
+            return run_together({key: lambda p=p: diagnose(investigate(p.pid, NO_EVIDENCE_DURATION_S))
+                                 for key, p in procs.items()})
+        finally:
+            stop_services(procs)
+
+
+def test_a_native_leak_tracemalloc_cannot_see_is_said_to_be_outside_pythons_allocator(without_evidence):
+    d = without_evidence[("tracemalloc", "faiss")]
+    assert d.verdict == "leak", d.to_text()
+    assert rungs(d)["tracemalloc"]["status"] in ("used", "failed"), rungs(d)
+    unseen = d.to_json()["evidence"]["unseen_growth"]
+    assert unseen["tracker"] == "tracemalloc" and unseen["tracked_bytes_per_s"] < 0.1 * unseen["memory_bytes_per_s"]
+    code_path = d.steps[6]
+    assert "the growth is outside Python's allocator: native code" in code_path.finding, code_path
+    assert "pip install memray" in code_path.next, code_path
+    # no Python site of tracemalloc's is named as the cause
+    assert not any(s.method == "tracemalloc" for s in d.suspects), d.to_text()
+
+
+def test_stack_samples_of_a_service_that_does_not_leak_name_no_suspect(without_evidence):
+    d = without_evidence[("sampling", "batches")]
+    assert d.verdict != "leak", d.to_text()
+    sampling = rungs(d)["stack-sampling"]
+    assert sampling["status"] == "used", sampling["detail"]  # it did rank where time went
+    assert d.suspects == () and d.to_json()["suspects"] == [], d.to_text()
+    assert "stack samples show where the process spent its time, not what allocated memory" in d.steps[6].finding
+    assert "## Suspects" not in d.to_text()
