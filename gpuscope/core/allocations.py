@@ -669,10 +669,14 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
                 rungs.append(Rung("memray", "used", f"{way}: {len(tracked.suspects)} allocation sites still holding "
                                   f"memory{also}; sees {tracked.cost.get('sees')}{cut}"))
                 return done(tracked.suspects, "memray", "high", tracked, window)
-            rungs.append(Rung("memray", "failed", f"{way}: no allocation made while tracking is still alive{cut}"))
+            settled = f"; stopped early: {tracked.cost['stopped']}" if tracked.cost.get("stopped") else ""
+            rungs.append(Rung("memray", "failed",
+                              f"{way}: no allocation made while tracking is still alive{cut}{settled}"))
             ran.append(window)
             costs.append(tracked.cost)
-            if tracked.sites:  # nothing held at the end, but what was held over time is evidence
+            # Nothing held at the end, but what was held over time is evidence; and where memray
+            # stopped because nothing grew, tracemalloc (which sees less) would only spend the time saved.
+            if tracked.sites or settled:
                 return done((), None, "none", tracked, window)
     else:
         rungs.append(Rung("memray", "skipped", "not requested (it runs code inside the process)"))
