@@ -944,7 +944,9 @@ SETTLE_SKIP_S = 1.0  # the tracker's own start (its buffers, its module) is in i
 SETTLE_MIN_S = 6.0  # a tracker is never stopped sooner: fewer points make no trend
 SETTLE_MIN_POINTS = 6
 SETTLE_TAU = 0.8  # a rise this steady (Kendall's tau) over the points so far is clear
-SETTLE_FLAT_BYTES = 256 * 1024  # floors this close: flat (the floors of each third of the points)
+SETTLE_HORIZON_S = 12.0  # what a default diagnosis (30 s) tracks: "flat" means no site could rise
+# HELD_MIN_RISE over it, so the floors of each third of the points must stay within it and their
+# slope, carried over this horizon, too.
 
 
 @dataclass(frozen=True)
@@ -986,10 +988,12 @@ def tracking_settled(times: Sequence[float], sites: Sequence[tuple[str, Sequence
         if len(pts) < SETTLE_MIN_POINTS:
             continue
         third = len(pts) // 3
-        floors = [min(v for _, v in part) for part in (pts[:third], pts[third:2 * third], pts[2 * third:])]
-        if max(floors) - min(floors) <= SETTLE_FLAT_BYTES:
+        parts = (pts[:third], pts[third:2 * third], pts[2 * third:])
+        floors = [min(parts[k], key=lambda p: p[1]) for k in range(3)]
+        drift = abs(theil_sen(floors) or 0.0) * SETTLE_HORIZON_S
+        if max(v for _, v in floors) - min(v for _, v in floors) <= HELD_MIN_RISE and drift <= HELD_MIN_RISE:
             shapes.append((name, "flat"))
-        elif floors[1] - floors[0] >= HELD_MIN_RISE and abs(floors[2] - floors[1]) <= SETTLE_FLAT_BYTES:
+        elif floors[1][1] - floors[0][1] >= HELD_MIN_RISE and abs(floors[2][1] - floors[1][1]) <= HELD_MIN_RISE / 4:
             shapes.append((name, "levelled"))
         else:
             return None  # still moving: keep tracking
