@@ -50,7 +50,7 @@ innermost first, everywhere. Ops:
   omitted_groups}. That is memory allocated between the snapshots and still held.
 - `memray_track` {seconds, limit?} -> runs `memray.Tracker(<private temp file>,
   native_traces=False, file_format=AGGREGATED_ALLOCATIONS)` in this thread for that long (stopped
-  early if the client hangs up), then {seconds, records: [{size, count, frames}], bytes, count,
+  early if the client hangs up, or by `track_stop`: then `stopped_early` is true), then {seconds, records: [{size, count, frames}], bytes, count,
   omitted}: the allocations made meanwhile that are still alive, one record per stack (memray's
   grouping), largest first. The probe's own frames are left out. With `interval` (seconds) every
   allocation is recorded (not aggregated; tracking stops early past 256 MiB of capture) and the
@@ -63,7 +63,7 @@ innermost first, everywhere. Ops:
   (Python-domain allocations only: memory allocated by C/C++/Rust code directly, a FAISS index,
   a tokenizer's buffers, is not seen), started for that long and stopped again; a snapshot every
   `interval` s -> {seconds, times, records: [{size, count: null, frames, held}], bytes, omitted,
-  rss}. Frames are named after the function defined around their line in the source file.
+  stopped_early, rss}. Frames are named after the function defined around their line in the source file.
   Refused when the service runs tracemalloc itself.
 - `track_progress` (on another connection, while a `memray_track` or `tracemalloc_track` runs) ->
   {tracking, method, times, heap, rss, sites}: what the running capture has seen so far, a point

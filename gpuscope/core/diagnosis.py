@@ -545,15 +545,16 @@ def unseen_growth(att: Attribution | None, memory: LeakAssessment | None, source
         return None
     growth = memory.growth_bytes_per_s or 0.0
     trackers = [r.method for r in att.rungs if r.method in ("memray", "tracemalloc") and r.status in ("used", "failed")]
-    # What each site gained: the floor of its last quarter of reads over that of its first, the
-    # tracker's first read (taken as it started) left out: a working set caught alive at the end
-    # (the current request's buffers) is not growth; a native buffer reallocated bigger is.
+    # What each site gained: its held bytes at the end over the floor of its first quarter of
+    # reads, the tracker's first read (taken as it started) left out. A working set caught alive
+    # at the end counts too (at most a request's buffers: far under a leak's growth), and so does
+    # a native buffer reallocated bigger however late.
     kept = [i for i, t in enumerate(att.times) if t >= 1.0] or list(range(len(att.times)))
     span = att.times[kept[-1]] - att.times[kept[0]]
     if growth <= 0 or span <= 0 or not trackers or not att.sites:
         return None
     q = max(1, len(kept) // 4)
-    seen = sum(max(0, min(site.held[i] for i in kept[-q:]) - min(site.held[i] for i in kept[:q]))
+    seen = sum(max(0, site.held[kept[-1]] - min(site.held[i] for i in kept[:q]))
                for site in att.sites if len(site.held) == len(att.times)) / span
     if seen >= NATIVE_SHARE * growth:
         return None
