@@ -9,11 +9,15 @@ rate is read from a counter file it rewrites every 0.25 s:
   read every second, tracemalloc with a snapshot every second) and while the stack-sampling rung
   runs (py-spy, nonblocking, 5 dumps a second);
 - over a whole `gpuscope diagnose --duration D` (the default schedule: 30 % watched, at most
-  40 % tracked, the rest watched again), averaged over the diagnosis.
+  40 % tracked, the rest watched again), averaged over the diagnosis;
+- undisturbed again (the first tracker leaves glibc's thresholds changed: the service after it is
+  not the one before), then `--rounds` interleaved pairs of whole diagnoses in process: the
+  tracker running its full time, and stopping as soon as its trend is clear (the default), with
+  how long each tracked and why it stopped.
 
 RSS is read before and after each rung (after: once the tracker's memory was given back).
 
-    .venv/bin/python benchmarks/diagnosis_cost.py [--baseline S] [--track S] [--duration S] [--json]
+    .venv/bin/python benchmarks/diagnosis_cost.py [--baseline S] [--track S] [--duration S] [--rounds N] [--json]
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuscope.core import allocations, probe_client  # noqa: E402
+from gpuscope.core.diagnosis import diagnose  # noqa: E402
+from gpuscope.core.investigation import investigate  # noqa: E402
 
 SERVICE = """
 import os, sys, time
@@ -80,6 +86,7 @@ def main() -> int:
     parser.add_argument("--baseline", type=float, default=6.0)
     parser.add_argument("--track", type=float, default=8.0)
     parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--rounds", type=int, default=2, help="pairs of whole diagnoses, full tracking and stopped early")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="gpuscope-bench-")
@@ -99,12 +106,13 @@ def main() -> int:
         rows.append({"phase": "undisturbed", "requests_per_s": round(base, 1), "slowdown": 0.0,
                      "rss_before_mb": None, "rss_after_mb": round(rss(proc.pid) / 1e6, 1)})
 
-        def rung(name, action):
+        def rung(name, action, **extra):
             before = rss(proc.pid)
             r = rate_during(counter, action)
             time.sleep(1.0)
             rows.append({"phase": name, "requests_per_s": round(r, 1), "slowdown": round(1 - r / base, 3),
-                         "rss_before_mb": round(before / 1e6, 1), "rss_after_mb": round(rss(proc.pid) / 1e6, 1)})
+                         "rss_before_mb": round(before / 1e6, 1), "rss_after_mb": round(rss(proc.pid) / 1e6, 1),
+                         **extra})
 
         with probe_client.probe_for(proc.pid) as client:
             hello = client.hello()
@@ -118,6 +126,17 @@ def main() -> int:
         out: list = []
         rung(f"whole diagnosis (--duration {args.duration:g})",
              lambda: out.append(subprocess.run(diag, capture_output=True, text=True, timeout=args.duration + 60)))
+        base = rate_during(counter, lambda: time.sleep(args.baseline))  # the service as the trackers left it
+        rows.append({"phase": "undisturbed, after the trackers", "requests_per_s": round(base, 1), "slowdown": 0.0,
+                     "rss_before_mb": None, "rss_after_mb": round(rss(proc.pid) / 1e6, 1)})
+        for i in range(args.rounds):
+            for settle in ((False, True) if i % 2 == 0 else (True, False)):
+                found: list = []
+                rung(f"diagnosis, tracking {'stopped when clear' if settle else 'its full time'} ({i + 1})",
+                     lambda settle=settle: found.append(diagnose(investigate(proc.pid, args.duration, settle=settle))))
+                cost = found[0].instrument if found else None
+                rows[-1].update(tracked_s=cost.seconds if cost else None,
+                                stopped=(cost.stopped_because or "-") if cost else None)
     finally:
         proc.kill()
         proc.wait()
@@ -127,8 +146,9 @@ def main() -> int:
         print(f"{'phase':42} {'req/s':>8} {'slowdown':>9} {'RSS before':>11} {'RSS after':>10}")
         for r in rows:
             before = f"{r['rss_before_mb']:.1f} MB" if r["rss_before_mb"] is not None else "-"
+            tracked = f"  tracked {r['tracked_s']:.1f} s, stopped: {r['stopped']}" if r.get("tracked_s") else ""
             print(f"{r['phase']:42} {r['requests_per_s']:8.1f} {r['slowdown'] * 100:8.0f}% {before:>11} "
-                  f"{r['rss_after_mb']:8.1f} MB")
+                  f"{r['rss_after_mb']:8.1f} MB{tracked}")
     return 0
 
 

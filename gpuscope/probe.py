@@ -50,7 +50,7 @@ innermost first, everywhere. Ops:
   omitted_groups}. That is memory allocated between the snapshots and still held.
 - `memray_track` {seconds, limit?} -> runs `memray.Tracker(<private temp file>,
   native_traces=False, file_format=AGGREGATED_ALLOCATIONS)` in this thread for that long (stopped
-  early if the client hangs up), then {seconds, records: [{size, count, frames}], bytes, count,
+  early if the client hangs up, or by `track_stop`: then `stopped_early` is true), then {seconds, records: [{size, count, frames}], bytes, count,
   omitted}: the allocations made meanwhile that are still alive, one record per stack (memray's
   grouping), largest first. The probe's own frames are left out. With `interval` (seconds) every
   allocation is recorded (not aggregated; tracking stops early past 256 MiB of capture) and the
@@ -63,8 +63,16 @@ innermost first, everywhere. Ops:
   (Python-domain allocations only: memory allocated by C/C++/Rust code directly, a FAISS index,
   a tokenizer's buffers, is not seen), started for that long and stopped again; a snapshot every
   `interval` s -> {seconds, times, records: [{size, count: null, frames, held}], bytes, omitted,
-  rss}. Frames are named after the function defined around their line in the source file.
+  stopped_early, rss}. Frames are named after the function defined around their line in the source file.
   Refused when the service runs tracemalloc itself.
+- `track_progress` (on another connection, while a `memray_track` or `tracemalloc_track` runs) ->
+  {tracking, method, times, heap, rss, sites}: what the running capture has seen so far, a point
+  every second: the bytes malloc has in use (`heap`, glibc's mallinfo2; null without it) and the
+  RSS; for tracemalloc also the held bytes of the sites that gained most (`sites`: [{frames,
+  held}]). memray's held bytes per site are in its capture, read only when tracking ends.
+  -> {tracking: false} when no capture runs.
+- `track_stop` (on another connection) -> the running capture stops now and its request replies
+  with what it has (its reply says `stopped_early`). -> {stopping: true|false}.
 
 Without torch, or before CUDA is initialised, the torch ops answer "CUDA not available: ...".
 Safety: every request is contained (an exception becomes an error reply); replies are bounded
@@ -440,7 +448,7 @@ class _Server:
                 raise RequestError("not a JSON request: send one JSON object per line, such as {\"op\": \"hello\"}")
             if not isinstance(request, dict) or not isinstance(request.get("op"), str):
                 raise RequestError("a request is a JSON object with an \"op\" (hello, stats, history_start, "
-                                   "history_stop, snapshot, diff, memray_track, tracemalloc_track)")
+                                   "history_stop, snapshot, diff, memray_track, tracemalloc_track, track_progress, track_stop)")
             handler = _OPS.get(request["op"])
             if handler is None:
                 raise RequestError("unknown op %r; known: %s" % (request["op"][:40], ", ".join(sorted(_OPS))))
@@ -500,6 +508,8 @@ class _State:
         self.recording_for = None  # the connection that started recording (its hung_up callback)
         self.snapshots = {}  # id -> (taken, blocks, truncated)
         self.next_id = 1
+        self.stop_asked = threading.Event()  # `track_stop`: the running capture ends and replies
+        self.tracking = None  # the running capture's progress (a dict replaced whole, never changed)
 
     def client_gone(self, client):
         """What a connection started ends with it: gpuscope killed mid-diagnosis leaves nothing on."""
@@ -818,6 +828,84 @@ def give_back_freed_memory():
         pass
 
 
+_mallinfo2: list = []  # [function or None], looked up once
+
+
+def _heap_in_use():
+    """Bytes the C allocator has handed out and not had back (glibc's mallinfo2: in-use heap chunks
+    plus mmapped ones), None without glibc 2.33+. Unlike the RSS, memory malloc keeps after a free
+    is not in it. Python's small objects (its own arenas) are not in it either."""
+    if not _mallinfo2:
+        try:
+            import ctypes
+
+            class Info(ctypes.Structure):
+                _fields_ = [(name, ctypes.c_size_t) for name in (
+                    "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                    "fordblks", "keepcost")]
+
+            function = ctypes.CDLL("libc.so.6").mallinfo2
+            function.restype = Info
+            _mallinfo2.append(function)
+        except Exception:
+            _mallinfo2.append(None)
+    if _mallinfo2[0] is None:
+        return None
+    try:
+        info = _mallinfo2[0]()
+        return int(info.uordblks + info.hblkhd)
+    except Exception:
+        return None
+
+
+class _Progress:
+    """What a running capture has seen, a point every `every` seconds, published whole to
+    `state.tracking` for `track_progress` (read from another connection's thread)."""
+
+    def __init__(self, state, method, every=1.0):
+        self.state = state
+        self.method = method
+        self.every = every
+        self.started = time.monotonic()
+        self.next_at = self.started
+        self.times, self.heap, self.rss = [], [], []
+        state.stop_asked.clear()
+        state.tracking = {"tracking": True, "method": method, "times": [], "heap": [], "rss": [], "sites": []}
+
+    def due(self):
+        return time.monotonic() >= self.next_at
+
+    def point(self, sites=()):
+        now = time.monotonic()
+        self.next_at = now + self.every
+        self.times.append(round(now - self.started, 3))
+        self.heap.append(_heap_in_use())
+        self.rss.append(_rss())
+        self.state.tracking = {"tracking": True, "method": self.method, "times": list(self.times),
+                               "heap": list(self.heap), "rss": list(self.rss), "sites": list(sites)}
+
+    def asked_to_stop(self):
+        return self.state.stop_asked.is_set()
+
+    def end(self):
+        self.state.tracking = None
+        self.state.stop_asked.clear()
+
+
+MAX_PROGRESS_SITES = 10
+
+
+def _op_track_progress(state, request, hung_up):
+    return state.tracking or {"tracking": False}
+
+
+def _op_track_stop(state, request, hung_up):
+    if state.tracking is None:
+        return {"stopping": False}
+    state.stop_asked.set()
+    return {"stopping": True}
+
+
 def _import_memray(path):
     """memray, from the process's own environment, else from `path` (gpuscope's own packages,
     only when they were built for this interpreter: an import that fails leaves nothing behind).
@@ -894,7 +982,8 @@ def _op_memray_track(state, request, hung_up):
         raise RequestError("a memray capture is already running in this process: try again when it ends")
     folder = None
     rss_before = _rss()
-    cut_short = False
+    cut_short = stopped_early = False
+    progress = None
     try:
         folder = tempfile.mkdtemp(prefix="gpuscope-memray-")
         capture = os.path.join(folder, "capture.bin")
@@ -909,14 +998,20 @@ def _op_memray_track(state, request, hung_up):
         except TypeError:
             raise RequestError("this memray is too old for this capture: install memray 1.11 or newer")
         with tracker:
+            progress = _Progress(state, "memray", interval or 1.0)
             deadline = started + float(seconds)
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or hung_up():
                     break
+                if progress.asked_to_stop():
+                    stopped_early = True
+                    break
                 if interval is not None and os.path.getsize(capture) > MAX_CAPTURE:
                     cut_short = True
                     break
+                if progress.due():
+                    progress.point()
                 time.sleep(min(0.1, left))
         took = time.monotonic() - started
         rss_tracking = _rss()
@@ -941,6 +1036,8 @@ def _op_memray_track(state, request, hung_up):
         finally:
             reader.close()
     finally:
+        if progress is not None:
+            progress.end()
         state.memray.release()
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
@@ -956,6 +1053,7 @@ def _op_memray_track(state, request, hung_up):
         "omitted": len(records) - len(kept),
         "from": where,
         "cut_short": cut_short,
+        "stopped_early": stopped_early,
         "rss": {"before": rss_before, "tracking": rss_tracking, "after": _rss()},
     }
     if interval is not None:
@@ -1025,7 +1123,9 @@ def _op_tracemalloc_track(state, request, hung_up):
         exclude = [tracemalloc.Filter(False, f) for f in own] + [tracemalloc.Filter(False, tracemalloc.__file__)]
         series = {}  # traceback -> held bytes at each snapshot
         times = []
+        stopped_early = False
         started = time.monotonic()
+        progress = _Progress(state, "tracemalloc", interval)
         tracemalloc.start(depth)
         try:
             while True:
@@ -1044,13 +1144,16 @@ def _op_tracemalloc_track(state, request, hung_up):
                     if len(held) < k + 1:
                         held.append(0)
                 del snapshot
+                progress.point(_gaining(series))
                 left = float(seconds) - (time.monotonic() - started)
-                if left <= 0 or hung_up():
+                if left <= 0 or hung_up() or progress.asked_to_stop():
                     break
                 end = time.monotonic() + min(interval, left)
-                while time.monotonic() < end and not hung_up():
+                while time.monotonic() < end and not hung_up() and not progress.asked_to_stop():
                     time.sleep(max(0.0, min(0.1, end - time.monotonic())))
+            stopped_early = progress.asked_to_stop()
         finally:
+            progress.end()
             rss_tracking = _rss()
             tracemalloc.stop()
         if hung_up():
@@ -1070,8 +1173,16 @@ def _op_tracemalloc_track(state, request, hung_up):
         "records": records,
         "bytes": sum(h[-1] for h in series.values()),
         "omitted": max(0, len(series) - limit),
+        "stopped_early": stopped_early,
         "rss": {"before": rss_before, "tracking": rss_tracking, "after": _rss()},
     }
+
+
+def _gaining(series):
+    """The sites whose held bytes gained most since tracking began, for `track_progress`."""
+    gained = sorted(series.items(), key=lambda kv: -(kv[1][-1] - kv[1][0]))[:MAX_PROGRESS_SITES]
+    return [{"frames": [[f.filename, f.lineno] for f in reversed(traceback)][:3], "held": list(held)}
+            for traceback, held in gained if held[-1] > held[0]]
 
 
 _OPS = {
@@ -1083,6 +1194,8 @@ _OPS = {
     "diff": _op_diff,
     "memray_track": _op_memray_track,
     "tracemalloc_track": _op_tracemalloc_track,
+    "track_progress": _op_track_progress,
+    "track_stop": _op_track_stop,
 }
 
 

@@ -58,6 +58,7 @@ from gpuscope.core.attribution import (
     suspects_from_records,
     suspects_from_stacks,
 )
+from gpuscope.core.leak import Settled, tracking_settled
 from gpuscope.core.stacks import StackDump, StackFrame, Suspect
 from gpuscope.core.target import Interpreter, injection_problem, python_version, run_python, target_interpreter
 from gpuscope.errors import GpuscopeError
@@ -290,14 +291,17 @@ def _grown(group: dict) -> dict | None:
     return {**group, "size": growth} if growth > 0 else None
 
 
-def _tracked(reply: dict, pid: int, method: str, sees: str, *, growing: bool = False) -> Tracked:
+def _tracked(reply: dict, pid: int, method: str, sees: str, *, growing: bool = False,
+             planned: float | None = None, early: EarlyStop | None = None) -> Tracked:
     roots = pyspy.own_roots(pid)
     groups = [g for g in reply.get("records") or () if isinstance(g, dict) and not _probes_own(g)]
     times = tuple(float(t) for t in reply.get("times") or ())
     rss = reply.get("rss") if isinstance(reply.get("rss"), dict) else {}
     cost = {"rss_before": rss.get("before"), "rss_tracking": rss.get("tracking"), "rss_after": rss.get("after"),
             "seconds": reply.get("seconds"), "from": reply.get("from") or "the standard library", "sees": sees,
-            "cut_short": bool(reply.get("cut_short"))}
+            "cut_short": bool(reply.get("cut_short")), "planned_s": planned}
+    if reply.get("stopped_early") and early is not None and early.settled is not None:
+        cost["stopped"] = early.settled.reason
     if growing:
         live = [g for g in map(_grown, groups) if g is not None]
     else:
@@ -318,44 +322,112 @@ def own_memray_path() -> str | None:
 
 
 def _while_waiting(duration: float, cancelled: Callable[[], bool],
-                   progress: Callable[[float, int | None], None]) -> Callable[[], bool]:
+                   progress: Callable[[float, int | None], None],
+                   early: EarlyStop | None = None) -> Callable[[], bool]:
     """`cancelled`, also reporting how much of `duration` has passed each time it is asked (a
-    request to the probe asks it several times a second while it waits for the reply)."""
+    request to the probe asks it several times a second while it waits for the reply), and
+    letting `early` look at the capture's progress."""
     started = time.monotonic()
 
     def asked() -> bool:
         progress(min(0.99, (time.monotonic() - started) / duration) if duration > 0 else 0.99, None)
+        if early is not None:
+            early.poll()
         return cancelled()
 
     return asked
+
+
+class EarlyStop:
+    """Watches a capture running in the process through a second connection to its probe, once a
+    second, and asks it to stop once what it has seen is clear (`leak.tracking_settled`): the
+    time saved goes to watching the process with nothing inside it. Anything unexpected ends the
+    watching, never the capture (it then runs its full time)."""
+
+    def __init__(self, client: probe_client.ProbeClient, every: float = HELD_INTERVAL_S) -> None:
+        self.path, self.pid, self.every = client.path, client.pid, every
+        self.side: probe_client.ProbeClient | None = None
+        self.next_at = time.monotonic() + every
+        self.settled: Settled | None = None
+        self.done = False
+
+    def poll(self) -> None:
+        if self.done or time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + self.every
+        try:
+            if self.side is None:
+                self.side = probe_client.ProbeClient(self.path, pid=self.pid, timeout=5.0)
+            settled = settled_of(self.side.track_progress())
+            if settled is not None:
+                self.settled = settled
+                self.side.track_stop()
+                self.done = True
+        except (probe_client.ProbeError, OSError):
+            self.done = True
+
+    def close(self) -> None:
+        if self.side is not None:
+            self.side.close()
+
+
+def _numbers(values: object, n: int) -> list[float | None] | None:
+    if not isinstance(values, list) or len(values) != n:
+        return None
+    return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values]
+
+
+def settled_of(progress: dict) -> Settled | None:
+    """`tracking_settled` over a probe's `track_progress` reply (the process's data: checked)."""
+    times = _numbers(progress.get("times"), len(progress.get("times") or ()))
+    if not progress.get("tracking") or not times or any(t is None for t in times):
+        return None
+    n = len(times)
+    sites = []
+    for site in progress.get("sites") or ():
+        held = _numbers(site.get("held"), n) if isinstance(site, dict) else None
+        if held is not None:
+            sites.append(("a site's held bytes", held))
+    totals = [(name, held) for name, key in (("the heap in use", "heap"), ("the RSS", "rss"))
+              if (held := _numbers(progress.get(key), n)) is not None and any(v is not None for v in held)]
+    return tracking_settled([t for t in times if t is not None], sites[:10], totals)
 
 
 def probe_memray_suspects(
     client: probe_client.ProbeClient, pid: int, duration: float, *, hello: dict | None = None,
     cancelled: Callable[[], bool] = lambda: False,
     progress: Callable[[float, int | None], None] = lambda fraction, sites: None,
+    settle: bool = False,
 ) -> Tracked:
     """memray's tracker run by the probe inside the process for `duration`, held bytes read every
     second: no injection. When the service's environment has no memray and its interpreter is
     gpuscope's version, gpuscope's own memray is offered (the probe loads it only if it can).
 
     `progress(fraction, sites)`: the part of the window passed while memray tracks (sites None:
-    the probe reads its capture when tracking ends), then (1.0, allocation sites seen) once read."""
+    the probe reads its capture when tracking ends), then (1.0, allocation sites seen) once read.
+    `settle`: stop tracking as soon as its trend is clear (`EarlyStop`)."""
     path = None
     if hello is not None and not hello.get("memray"):
         ours = "%d.%d" % sys.version_info[:2]
         if str(hello.get("python") or "").startswith(ours + "."):
             path = own_memray_path()
     duration = max(0.1, duration)
-    reply = client.memray_track(duration, limit=GROUPS, interval=HELD_INTERVAL_S, memray_path=path,
-                                cancelled=_while_waiting(duration, cancelled, progress))
-    tracked = _tracked(reply, pid, "memray", "every allocation of Python and native code made through malloc")
+    early = EarlyStop(client) if settle else None
+    try:
+        reply = client.memray_track(duration, limit=GROUPS, interval=HELD_INTERVAL_S, memray_path=path,
+                                    cancelled=_while_waiting(duration, cancelled, progress, early))
+    finally:
+        if early is not None:
+            early.close()
+    tracked = _tracked(reply, pid, "memray", "every allocation of Python and native code made through malloc",
+                       planned=duration, early=early)
     progress(1.0, tracked.seen)
     return tracked
 
 
 def probe_tracemalloc_suspects(
-    client: probe_client.ProbeClient, pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False
+    client: probe_client.ProbeClient, pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False,
+    settle: bool = False,
 ) -> Tracked:
     """The standard library's tracemalloc, run by the probe for `duration`, a snapshot every second.
 
@@ -363,8 +435,15 @@ def probe_tracemalloc_suspects(
     ranked by that growth: tracemalloc sees only the Python domain, so where a service's memory
     grows in native code (a FAISS index) what it sees at the end is the working set of Python
     objects (the current query), which must not be named as the leak."""
-    reply = client.tracemalloc_track(max(0.1, duration), interval=HELD_INTERVAL_S, limit=GROUPS, cancelled=cancelled)
-    return _tracked(reply, pid, "tracemalloc", TRACEMALLOC_SEES, growing=True)
+    duration = max(0.1, duration)
+    early = EarlyStop(client) if settle else None
+    try:
+        reply = client.tracemalloc_track(duration, interval=HELD_INTERVAL_S, limit=GROUPS,
+                                         cancelled=_while_waiting(duration, cancelled, lambda f, n: None, early))
+    finally:
+        if early is not None:
+            early.close()
+    return _tracked(reply, pid, "tracemalloc", TRACEMALLOC_SEES, growing=True, planned=duration, early=early)
 
 
 TRACEMALLOC_SEES = ("Python-domain allocations only: memory that C, C++ or Rust code allocates itself "
@@ -475,6 +554,7 @@ def attribute(
     budget: float | None = None,
     said: Callable[[str], None] = lambda line: None,
     sites_seen: Callable[[str, int], None] = lambda rung, sites: None,
+    settle: bool = True,
 ) -> Attribution:
     """Climb the ladder for `pid` until a rung names suspects; record what each rung did.
 
@@ -483,20 +563,21 @@ def attribute(
     rest of the budget, not a fresh one, to the next. `said` gets one line per rung that fails.
     `progress(rung, fraction)` says how far each rung is (memray's too, while it tracks);
     `sites_seen(rung, sites)` how many allocation sites a tracker has seen so far, once it has read
-    its capture (memray reads it when tracking ends)."""
+    its capture (memray reads it when tracking ends). `settle`: a tracker in the probe stops as
+    soon as what it sees is clear (`EarlyStop`), not at the end of its time."""
     started = time.monotonic()
     deadline = started + (duration if budget is None else max(budget, 0.0))
     opened: list[probe_client.ProbeClient] = []
     try:
         return _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progress, said, sites_seen,
-                      started)
+                      started, settle)
     finally:
         for client in opened:
             client.close()
 
 
 def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progress, said, sites_seen,
-           started) -> Attribution:
+           started, settle) -> Attribution:
     def connect():
         client, hello, why_not = _connect(pid)
         if client is not None:
@@ -567,7 +648,7 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
         try:
             if client is not None:
                 tracked = probe_memray_suspects(client, pid, min(duration, max(0.1, left())), hello=hello,
-                                                cancelled=cancelled, progress=memray_progress)
+                                                cancelled=cancelled, progress=memray_progress, settle=settle)
             else:
                 found = memray_suspects(pid, min(duration, max(1.0, left())), cancelled=cancelled,
                                         progress=memray_progress)
@@ -588,10 +669,14 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
                 rungs.append(Rung("memray", "used", f"{way}: {len(tracked.suspects)} allocation sites still holding "
                                   f"memory{also}; sees {tracked.cost.get('sees')}{cut}"))
                 return done(tracked.suspects, "memray", "high", tracked, window)
-            rungs.append(Rung("memray", "failed", f"{way}: no allocation made while tracking is still alive{cut}"))
+            settled = f"; stopped early: {tracked.cost['stopped']}" if tracked.cost.get("stopped") else ""
+            rungs.append(Rung("memray", "failed",
+                              f"{way}: no allocation made while tracking is still alive{cut}{settled}"))
             ran.append(window)
             costs.append(tracked.cost)
-            if tracked.sites:  # nothing held at the end, but what was held over time is evidence
+            # Nothing held at the end, but what was held over time is evidence; and where memray
+            # stopped because nothing grew, tracemalloc (which sees less) would only spend the time saved.
+            if tracked.sites or settled:
                 return done((), None, "none", tracked, window)
     else:
         rungs.append(Rung("memray", "skipped", "not requested (it runs code inside the process)"))
@@ -608,7 +693,7 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
         progress("tracemalloc", 0.0)
         begun = time.time()
         try:
-            tracked = probe_tracemalloc_suspects(client, pid, tracking_left(), cancelled=cancelled)
+            tracked = probe_tracemalloc_suspects(client, pid, tracking_left(), cancelled=cancelled, settle=settle)
         except probe_client.ProbeError as exc:
             failed("tracemalloc", f"in process through gpuscope's probe: {exc}")
         except Exception as exc:

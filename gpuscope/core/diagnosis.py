@@ -26,13 +26,13 @@ from gpuscope.core.evidence import (
     evidence_lines,
 )
 from gpuscope.core.growth import floor_growth, theil_sen
-from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend
+from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend, kendall_tau
 from gpuscope.core.markdown import md_code, md_text
 from gpuscope.core.model import ProcessRow
 from gpuscope.core.profiles import is_model_stage, model_stages
 from gpuscope.core.serving_model import FleetRow, ServingSnapshot
 from gpuscope.core.stacks import Suspect, stack_json
-from gpuscope.core.units import format_bytes, format_duration, format_rate, format_size
+from gpuscope.core.units import format_bytes, format_duration, format_rate, format_size, format_speed
 
 SCHEMA = "gpuscope.diagnosis/1"
 OK, WARN, ALERT, SKIPPED = "ok", "warn", "alert", "skipped"
@@ -456,17 +456,26 @@ def step_classify(ev: Evidence, memory: LeakAssessment | None, source: str) -> t
     return Step(6, title, OK, f"Not a leak: {plain} — {memory.reason}.", evidence=evidence), "no-leak", memory.pattern
 
 
-def step_code_path(ev: Evidence, verdict: str, suspects: tuple[Suspect, ...] | None = None) -> Step:
+def step_code_path(ev: Evidence, verdict: str, suspects: tuple[Suspect, ...] | None = None,
+                   unseen: UnseenGrowth | None = None, withheld: str | None = None) -> Step:
+    """`unseen`: the memory grows where the tracker does not see (its sites are not named);
+    `withheld`: why the ladder's suspects are not named (stack samples of a process that does not leak)."""
     title = TITLES[6]
     att = ev.attribution
     if att is None:
         return Step(7, title, SKIPPED, "skipped: the allocation sites were not looked for.")
-    evidence = {
+    evidence: dict = {
         "method": att.method, "confidence": att.confidence,
         "rungs": [{"method": r.method, "status": r.status, "detail": r.detail} for r in att.rungs],
         "stacks": [{"function": s.function, "frames": stack_json(s.stack)} for s in (suspects or att.suspects)[:5]],
     }
     suspects = att.suspects if suspects is None else suspects
+    if unseen is not None and not suspects:
+        evidence["unseen_growth"] = unseen.to_json()
+        return Step(7, title, WARN, f"No suspect named: {unseen.finding()}.", unseen.next(), evidence)
+    if withheld is not None:
+        evidence["withheld"] = withheld
+        return Step(7, title, OK, f"No suspect named: {withheld}.", evidence=evidence)
     if not suspects:
         why = "; ".join(f"{r.method}: {r.detail}" for r in att.rungs if r.status != "used")
         return Step(7, title, WARN if verdict == "leak" else OK, f"No suspect named ({why}).", evidence=evidence)
@@ -482,6 +491,81 @@ def step_code_path(ev: Evidence, verdict: str, suspects: tuple[Suspect, ...] | N
     return Step(7, title, status,
                 f"First suspect: {top.function} ({top.file}:{top.line}), {top.share * 100:.0f}%{size}, by {how}{also}.",
                 f"Read {top.file}:{top.line}: what keeps what it allocates?", evidence)
+
+
+NATIVE_SHARE = 0.1  # a tracker that saw less than this share of the memory's growth did not see the leak
+STEADY_TAU = 0.8  # a site's held bytes this steady (Kendall's tau) over tracking: still growing
+
+
+@dataclass(frozen=True, slots=True)
+class UnseenGrowth:
+    """The memory grows, but the allocations the tracker saw grow far slower: the growth is where
+    the tracker does not look (native code under tracemalloc; memory allocated before tracking
+    and filled in place, or allocated outside malloc, under memray)."""
+
+    tracker: str  # "tracemalloc" | "memray"
+    memory_bytes_per_s: float  # the memory trend's growth (the samples no tracker distorted)
+    tracked_bytes_per_s: float  # what the sites the tracker saw gained, per second of tracking
+    growing: tuple[tuple[Site, float], ...] = ()  # sites that still gained steadily (may own native memory)
+
+    def finding(self) -> str:
+        seen = (f"the RSS grows {format_speed(self.memory_bytes_per_s)}, the allocations {self.tracker} saw only "
+                f"{format_speed(self.tracked_bytes_per_s)}")
+        if self.tracker == "tracemalloc":
+            where = ("the growth is outside Python's allocator: native code, e.g. a C extension, allocates it, "
+                     "which tracemalloc does not see")
+        else:
+            where = ("the growth is not in memory allocated while memray tracked: memory allocated before and "
+                     "filled in place (a native buffer or index growing into capacity it reserved), or allocated "
+                     "outside malloc")
+        out = f"{seen}: {where}"
+        if self.growing:
+            site, rate = self.growing[0]
+            out += (f"; Python objects that kept growing meanwhile may hold that memory, or be unrelated: "
+                    f"{site.function} ({site.file}:{site.line}) {format_speed(rate)}")
+        return out
+
+    def next(self) -> str:
+        if self.tracker == "tracemalloc":
+            return ("Install memray into the service's environment (pip install memray) and diagnose again: "
+                    "it sees what native code allocates through malloc.")
+        return "Diagnose again with a longer --duration: the tracker then sees more of the native growth."
+
+    def to_json(self) -> dict:
+        return {"tracker": self.tracker, "memory_bytes_per_s": round(self.memory_bytes_per_s, 1),
+                "tracked_bytes_per_s": round(self.tracked_bytes_per_s, 1),
+                "growing": [{"function": site.function, "file": site.file, "line": site.line,
+                             "growth_bytes_per_s": round(rate, 1)} for site, rate in self.growing[:5]]}
+
+
+def unseen_growth(att: Attribution | None, memory: LeakAssessment | None, source: str) -> UnseenGrowth | None:
+    """Where the RSS leaks but the tracker's sites gained under `NATIVE_SHARE` of that growth
+    while it tracked (None otherwise, and where the tracker read no held bytes over time)."""
+    if att is None or source != "rss" or memory is None or not memory.is_leak or len(att.times) < 2:
+        return None
+    growth = memory.growth_bytes_per_s or 0.0
+    trackers = [r.method for r in att.rungs if r.method in ("memray", "tracemalloc") and r.status in ("used", "failed")]
+    # What each site gained: its held bytes at the end over the floor of its first quarter of
+    # reads, the tracker's first read (taken as it started) left out. A working set caught alive
+    # at the end counts too (at most a request's buffers: far under a leak's growth), and so does
+    # a native buffer reallocated bigger however late.
+    kept = [i for i, t in enumerate(att.times) if t >= 1.0] or list(range(len(att.times)))
+    span = att.times[kept[-1]] - att.times[kept[0]]
+    if growth <= 0 or span <= 0 or not trackers or not att.sites:
+        return None
+    q = max(1, len(kept) // 4)
+    seen = sum(max(0, site.held[kept[-1]] - min(site.held[i] for i in kept[:q]))
+               for site in att.sites if len(site.held) == len(att.times)) / span
+    if seen >= NATIVE_SHARE * growth:
+        return None
+    growing = []
+    for site in att.sites:
+        points = list(zip(att.times, site.held))
+        if len(points) >= 6 and site.held[-1] > site.held[0]:
+            slope, late = theil_sen(points) or 0.0, theil_sen(points[len(points) // 2:]) or 0.0
+            if kendall_tau(points) >= STEADY_TAU and late >= 0.4 * slope > 0:
+                growing.append((site, slope))
+    return UnseenGrowth(trackers[-1], growth, seen, tuple(sorted(growing, key=lambda g: -g[1])))
 
 
 def _ranked_suspects(att: Attribution | None, rising: list[tuple[Site, HeldTrend]]) -> tuple[Suspect, ...]:
@@ -509,7 +593,9 @@ def _instrument(att: Attribution | None, note: dict) -> InstrumentCost | None:
         loaded_from=cost.get("from"), sees=cost.get("sees"), cut_short=bool(cost.get("cut_short")),
         rss_before=before, rss_tracking=tracking, rss_after=after,
         added_bytes=tracking - before if tracking is not None and before is not None else None,
-        left_bytes=note.get("tracker_left_bytes"))
+        left_bytes=note.get("tracker_left_bytes"),
+        planned_seconds=round(float(planned), 1) if isinstance(planned := cost.get("planned_s"), (int, float)) else None,
+        stopped_because=str(cost["stopped"]) if cost.get("stopped") else None)
 
 
 def _whole(v: object) -> int | None:
@@ -572,6 +658,17 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         decided_by = "both"  # the tracker saw a cache fill to its bound
     ranking = growth_ranking(ev, source)
     suspects = _ranked_suspects(ev.attribution, rising)
+    # No suspect without evidence: sites of a tracker that did not see the growth are not its
+    # cause, and stack samples (where time went, not what allocated) blame nothing when memory
+    # does not leak.
+    unseen = None if rising else unseen_growth(ev.attribution, memory, source)
+    if unseen is not None and suspects and suspects[0].method in ("memray", "tracemalloc"):
+        suspects = ()
+    withheld = None
+    if verdict != "leak" and suspects and suspects[0].method == "stack-sampling":
+        withheld = (f"the memory does not leak ({pattern}), and stack samples show where the process spent its time, "
+                    "not what allocated memory")
+        suspects = ()
     service = service_numbers(ev)
     steps = (
         device_step,
@@ -580,7 +677,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         step_locate(ev, memory, source, ranking),
         step_backpressure(ev, service),
         classify_step,
-        step_code_path(ev, verdict, suspects),
+        step_code_path(ev, verdict, suspects, unseen, withheld),
     )
     excluded = note.get("excluded_s")
     device = ev.device
@@ -594,6 +691,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         service=service,
         ranking=tuple(ProcessGrowth(pid, g) for pid, g in ranking),
         rungs=ev.attribution.rungs if ev.attribution is not None else (),
+        unseen_growth=unseen.to_json() if unseen is not None else None,
     )
     empty = LeakAssessment("inconclusive", "insufficient-data", None, 0.0, None, None, None, None, 0, 0.0, "no data")
     return Diagnosis(

@@ -111,6 +111,8 @@ class InstrumentCost:
     rss_after: int | None = None
     added_bytes: int | None = None
     left_bytes: int | None = None
+    planned_seconds: float | None = None  # the longest it could have tracked
+    stopped_because: str | None = None  # why it stopped before that: what it saw was clear
 
     def to_json(self) -> dict:
         """The diagnosis JSON's "instrument" object ({} where no tracker ran)."""
@@ -123,7 +125,9 @@ class InstrumentCost:
             out["sees"] = self.sees
         out["cut_short"] = self.cut_short
         out.update(rss_before=self.rss_before, rss_tracking=self.rss_tracking, rss_after=self.rss_after,
-                   added_bytes=self.added_bytes, left_bytes=self.left_bytes)
+                   added_bytes=self.added_bytes, left_bytes=self.left_bytes,
+                   planned_seconds=self.planned_seconds, stopped_early=self.stopped_because is not None,
+                   stopped_because=self.stopped_because)
         return out
 
 
@@ -146,6 +150,7 @@ class VerdictEvidence:
     ranking: tuple[ProcessGrowth, ...] = ()
     rungs: tuple[Rung, ...] = ()
     prometheus_node: str | None = None  # read from Prometheus history of this node, not from the process
+    unseen_growth: dict | None = None  # the memory grew where the tracker did not see (diagnosis.UnseenGrowth)
 
     def to_json(self) -> dict:
         """The diagnosis JSON's "evidence" object."""
@@ -159,6 +164,8 @@ class VerdictEvidence:
             out["sites"] = [s.to_json() for s in self.sites]
         if self.prometheus_node is not None:
             out["from"], out["node"] = "prometheus", self.prometheus_node
+        if self.unseen_growth is not None:
+            out["unseen_growth"] = self.unseen_growth
         return out
 
 
@@ -227,6 +234,11 @@ def evidence_lines(diagnosis: Diagnosed, now: float | None = None) -> dict[int, 
 def instrument_lines(cost: InstrumentCost) -> list[str]:
     """What the tracker inside the process was, what it cost, and what it could not keep."""
     what = f"instrument: {cost.method} tracked for {format_duration(cost.seconds or 0.0)}"
+    if cost.planned_seconds is not None:
+        planned = format_duration(cost.planned_seconds)
+        what += (f" ({planned} planned; stopped early: {cost.stopped_because})" if cost.stopped_because
+                 else f" ({planned} planned)" if cost.cut_short
+                 else f" (all of the {planned} planned: the held bytes' trend was not clear sooner)")
     if cost.loaded_from and cost.loaded_from != "the service's environment":
         what += f", loaded from {cost.loaded_from}"
     if cost.sees:

@@ -3,8 +3,9 @@ for a while, look for its allocation sites meanwhile, and hand the diagnosis eng
 
 `duration` is the whole budget: the first 30 % is watched with nothing inside the process
 (samples the memory trend can be judged on), allocation trackers then run for at most 40 % of
-it (`TRACK_FRACTION`, at most `TRACK_MAX_S`), and the rest is watched again after the tracker has
-stopped and given its memory back. A rung that fails hands what is left of the budget to the next.
+it (`TRACK_FRACTION`, at most `TRACK_MAX_S`; sooner where what they see is clear: a site's held
+bytes rising steadily, or the memory in use flat or levelled off), and the rest is watched again
+after the tracker has stopped and given its memory back. A rung that fails hands what is left of the budget to the next.
 The watch ends early when the process exits; what was gathered until then is diagnosed.
 
 Everything started here is stopped here (the node and serving sources, the attribution thread;
@@ -48,8 +49,12 @@ def investigate(
     use_memray: bool = True,
     progress: Callable[[str], None] = lambda line: None,
     stop: threading.Event | None = None,
+    settle: bool = True,
 ) -> Evidence:
-    """Watch `pid` for `duration` seconds (2 samples/s) and look for its allocation sites."""
+    """Watch `pid` for `duration` seconds (2 samples/s) and look for its allocation sites.
+
+    `settle`: a tracker stops as soon as the held bytes' trend is clear (rising, levelled off or
+    flat), and the watch after it gets the time saved; without it, trackers run their full time."""
     stop = stop or threading.Event()
     frames: list[Frame] = []
     snapshots: list[ServingSnapshot] = []
@@ -71,7 +76,8 @@ def investigate(
             return
         attribution.append(allocations.attribute(
             pid, track, use_memray=use_memray, memory=memory, cancelled=stop.is_set,
-            budget=duration - before, progress=lambda rung, f: None, said=lambda line: progress(line)))
+            budget=duration - before, progress=lambda rung, f: None, said=lambda line: progress(line),
+            settle=settle))
 
     ladder = threading.Thread(target=climb, name="gpuscope-attribution", daemon=True)
     started = time.monotonic()

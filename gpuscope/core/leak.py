@@ -502,7 +502,7 @@ def _median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
-def _kendall(points: Sequence[tuple[float, float]]) -> float:
+def kendall_tau(points: Sequence[tuple[float, float]]) -> float:
     """Kendall's tau of value against time (Mann-Kendall S / number of pairs), in [-1, 1]."""
     s = pairs = 0
     for i, (_, v1) in enumerate(points):
@@ -725,7 +725,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
         seg = points[i:]
         b, _ = trend(i, m)
         duration = t_end - since
-        tau = _kendall(seg)
+        tau = kendall_tau(seg)
         confidence = max(tau, 0.0) * _evidence(len(seg), duration, th)
         needed = th.alert_rate(duration)
         z = z_score(seg, b)
@@ -761,7 +761,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
 
     def level(b: float) -> _View:
         """No real change of the floor over the horizon: flat, or a sawtooth."""
-        confidence = _evidence(m, span, th) * (1 - abs(_kendall(points)) / 2)
+        confidence = _evidence(m, span, th) * (1 - abs(kendall_tau(points)) / 2)
         if swinging:
             return view("no-leak", "sawtooth", b, confidence, t_start,
                         f"swings of {format_size(swing)} over a flat floor for {format_duration(span)} "
@@ -777,7 +777,7 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
         """A rise, then a flat floor from floor i (at time `stopped`) on."""
         b, _ = trend(i, m)
         flat_for = t_end - stopped
-        confidence = _evidence(m - i, flat_for, th) * (1 - abs(_kendall(points[i:])) / 2)
+        confidence = _evidence(m - i, flat_for, th) * (1 - abs(kendall_tau(points[i:])) / 2)
         head = (f"a {format_size(rise, sign=True)} step at {format_duration(since - origin)}" if step
                 else f"rose {format_size(rise)} in {format_duration(stopped - since)} (warm-up)")
         long_enough = flat_for >= th.min_plateau_s and m - i >= 2
@@ -984,7 +984,7 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
     if len(points) < 4 or points[-1][0] - points[0][0] < 2.0:
         return HeldTrend("insufficient-data", 0.0, 0.0, f"held bytes read at only {len(points)} times")
     slope = theil_sen(points) or 0.0
-    tau = _kendall(points)
+    tau = kendall_tau(points)
     half = len(points) // 2
     late = theil_sen(points[half:]) or 0.0
     early = theil_sen(points[: half + 1]) or 0.0
@@ -1000,6 +1000,74 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
                          f"held bytes rose to {format_size(peak)}, then levelled off (a cache filling to its bound)")
     return HeldTrend("balanced", slope, 1 - abs(tau) / 2,
                      f"held bytes at {format_size(points[-1][1])}, not rising steadily")
+
+
+# --- when a running tracker has seen enough ---------------------------------------------------------
+
+SETTLE_SKIP_S = 1.0  # the tracker's own start (its buffers, its module) is in its first second
+SETTLE_MIN_S = 6.0  # a tracker is never stopped sooner: fewer points make no trend
+SETTLE_MIN_POINTS = 6
+SETTLE_TAU = 0.8  # a rise this steady (Kendall's tau) over the points so far is clear
+SETTLE_HORIZON_S = 12.0  # what a default diagnosis (30 s) tracks: "flat" means no site could rise
+# HELD_MIN_RISE over it, so the floors of each third of the points must stay within it and their
+# slope, carried over this horizon, too.
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Why a tracker may stop before its time: "rising" (a site's held bytes rise steadily),
+    "levelled" (the memory in use rose, then levelled off) or "flat"."""
+
+    kind: str
+    reason: str
+
+
+def tracking_settled(times: Sequence[float], sites: Sequence[tuple[str, Sequence[float | None]]],
+                     totals: Sequence[tuple[str, Sequence[float | None]]],
+                     thresholds: LeakThresholds = LeakThresholds()) -> Settled | None:
+    """Whether what a running tracker has seen so far is clear enough to stop it (None: not yet).
+
+    `sites`: held bytes of allocation sites; `totals`: the process's memory in use (the heap
+    malloc has handed out, the RSS), each at `times` (seconds since tracking began). A site or the
+    heap rising steadily is a clear leak; every total flat, or risen and then levelled off, is
+    clearly none (a cache filling to its bound). Anything else: keep tracking."""
+    kept = [i for i, t in enumerate(times) if t >= SETTLE_SKIP_S]
+    if len(kept) < SETTLE_MIN_POINTS or times[kept[-1]] < SETTLE_MIN_S:
+        return None
+
+    def points(held: Sequence[float | None]) -> list[tuple[float, float]]:
+        return [(times[i], float(v)) for i in kept if i < len(held) and (v := held[i]) is not None]
+
+    for name, held in [*sites, *totals[:1]]:  # the RSS rises with a tracker's own buffers: not a leak's sign
+        pts = points(held)
+        if len(pts) < SETTLE_MIN_POINTS:
+            continue
+        trend = held_trend([t for t, _ in pts], [v for _, v in pts], thresholds)
+        if trend.kind == "rising" and kendall_tau(pts) >= SETTLE_TAU:
+            return Settled("rising", f"{name} rose {format_speed(trend.growth_bytes_per_s)} steadily for "
+                                     f"{format_duration(pts[-1][0] - pts[0][0])}")
+    shapes = []
+    for name, held in totals:
+        pts = points(held)
+        if len(pts) < SETTLE_MIN_POINTS:
+            continue
+        third = len(pts) // 3
+        parts = (pts[:third], pts[third:2 * third], pts[2 * third:])
+        floors = [min(parts[k], key=lambda p: p[1]) for k in range(3)]
+        drift = abs(theil_sen(floors) or 0.0) * SETTLE_HORIZON_S
+        if max(v for _, v in floors) - min(v for _, v in floors) <= HELD_MIN_RISE and drift <= HELD_MIN_RISE:
+            shapes.append((name, "flat"))
+        elif floors[1][1] - floors[0][1] >= HELD_MIN_RISE and abs(floors[2][1] - floors[1][1]) <= HELD_MIN_RISE / 4:
+            shapes.append((name, "levelled"))
+        else:
+            return None  # still moving: keep tracking
+    if not shapes:
+        return None
+    span = format_duration(times[kept[-1]] - times[kept[0]])
+    levelled = [name for name, shape in shapes if shape == "levelled"]
+    if levelled:
+        return Settled("levelled", f"{levelled[0]} rose, then stayed level for {span} (a cache filling to its bound)")
+    return Settled("flat", f"{' and '.join(name for name, _ in shapes)} flat for {span}")
 
 
 # --- live -----------------------------------------------------------------------------------------

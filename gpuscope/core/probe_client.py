@@ -442,6 +442,15 @@ class ProbeClient:
         return self.request("tracemalloc_track", timeout=seconds + 60.0, cancelled=cancelled, **args)
 
 
+    def track_progress(self) -> dict:
+        """What the capture running in the process (asked on another connection) has seen so far."""
+        return self.request("track_progress", timeout=5.0)
+
+    def track_stop(self) -> bool:
+        """Ask the capture running in the process to stop now and reply with what it has."""
+        return bool(self.request("track_stop", timeout=5.0).get("stopping"))
+
+
 def _stamp(path: str) -> tuple[int, int, int] | None:
     try:
         st = os.stat(path)

@@ -10,12 +10,13 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 
 from gpuscope.core.diagnosis import diagnose
-from gpuscope.core.investigation import investigate
+from gpuscope.core.investigation import investigate, schedule
 
 from helpers import gpuscope_cmd, run_together, wait_until
 
@@ -189,6 +190,20 @@ def test_verdict_pattern_and_first_suspect(diagnoses, name):
     assert d.steps[2].status == "skipped" and "no metrics source" in d.steps[2].finding
 
 
+@pytest.mark.parametrize("name", ["steady", "flat"])
+def test_tracking_stops_once_its_trend_is_clear_and_the_watch_after_gets_the_time(diagnoses, name):
+    """The leak's held bytes rise steadily, the flat program's heap stays flat: memray stops well
+    before its planned time, says why, and the untracked watch after it has the seconds saved."""
+    d = diagnoses[name]
+    cost = d.instrument
+    assert cost is not None and cost.stopped_because and cost.seconds < cost.planned_seconds - 2, cost
+    assert ("rose" if name == "steady" else "flat") in cost.stopped_because, cost
+    assert d.to_json()["instrument"]["stopped_early"] is True and "stopped early: " in d.to_text(), d.to_text()
+    before, planned = schedule(WINDOW_S)
+    full_run_samples = 2 * (WINDOW_S - before - planned)  # what the watch after would have had (2 a second)
+    assert d.evidence.samples_after_tracker >= full_run_samples + 4, (d.evidence, cost)
+
+
 def test_the_command_as_a_user_runs_it(tmp_path):
     code, *_ = PROGRAMS["steady"]
     proc = start(tmp_path, "steady", code)
@@ -322,3 +337,65 @@ def test_a_sawtooth_whose_allocator_the_tracker_changed_is_still_a_sawtooth():
             assert a.verdict != "leak", (start, end, a)
             patterns.append(a.pattern)
     assert patterns.count("sawtooth") >= len(patterns) // 3, patterns  # else flat or a settled step
+
+
+# -- a tracker stops once what it sees is clear ---------------------------------------------------
+
+from gpuscope.core import probe_client  # noqa: E402
+from gpuscope.core.leak import tracking_settled  # noqa: E402
+
+STEPS = [i * 1.0 for i in range(9)]  # a read a second, as the probe takes them
+
+
+def test_a_steady_rise_a_flat_heap_and_a_filled_cache_settle_and_a_sawtooth_does_not():
+    rising = tracking_settled(STEPS, [("a site's held bytes", [2e6 * t for t in STEPS])], [("the RSS", [50e6] * 9)])
+    assert rising is not None and rising.kind == "rising", rising
+    flat = tracking_settled(STEPS, [], [("the heap in use", [30e6 + (t % 2) * 1e5 for t in STEPS]),
+                                        ("the RSS", [50e6] * 9)])
+    assert flat is not None and flat.kind == "flat", flat
+    filled = tracking_settled(STEPS, [], [("the heap in use", [10e6 + 40e6 * min(t, 3) / 3 for t in STEPS])])
+    assert filled is not None and filled.kind == "levelled", filled
+    # a 75 MB batch filled and freed every 3 s: neither a steady rise nor flat floors yet
+    saw = [20e6 + 25e6 * (t % 3) for t in STEPS]
+    assert tracking_settled(STEPS, [], [("the heap in use", saw)]) is None
+    # never before SETTLE_MIN_S, however clear: a trend needs points
+    assert tracking_settled(STEPS[:5], [("a site's held bytes", [2e6 * t for t in STEPS[:5]])], []) is None
+    # the RSS alone rising (a tracker's own buffers grow with it) stops nothing
+    assert tracking_settled(STEPS, [], [("the heap in use", [30e6] * 9), ("the RSS", [50e6 + 2e6 * t for t in STEPS])]) is None
+
+
+def test_the_probe_reports_a_running_capture_and_stops_it_when_asked(tmp_path):
+    """Each tracker in the probe, asked for 60 s: `track_progress` on a second connection shows a
+    read a second (heap, RSS, and for tracemalloc the sites that gained most), `track_stop` ends it
+    at once, and the capture's request replies with what it has."""
+    proc = start(tmp_path, "steady", PROGRAMS["steady"][0])
+    try:
+        wait_until(lambda: probe_client.probe_path(proc.pid), timeout=10, what="the probe")
+        with probe_client.probe_for(proc.pid) as side:
+            assert side.track_progress() == {"tracking": False} and side.track_stop() is False
+            for method in ("memray", "tracemalloc"):
+                with probe_client.probe_for(proc.pid) as client:
+                    replies: list = []
+                    track = getattr(client, f"{method}_track")
+                    worker = threading.Thread(target=lambda: replies.append(track(60, interval=1.0)))
+                    began = time.monotonic()
+                    worker.start()
+                    wait_until(lambda: len(side.track_progress().get("times") or ()) >= 4, timeout=20,
+                               what=f"{method}'s progress")
+                    progress = side.track_progress()
+                    assert progress["method"] == method and progress["tracking"] is True, progress
+                    assert progress["times"] == sorted(progress["times"]), progress
+                    assert len(progress["heap"]) == len(progress["rss"]) == len(progress["times"]), progress
+                    assert progress["heap"][-1] > progress["heap"][0] > 0, progress  # 8 MB/s kept
+                    if method == "tracemalloc":
+                        assert any(site["frames"][0][0].endswith("steady.py") for site in progress["sites"]), progress
+                    assert side.track_stop() is True
+                    worker.join(20)
+                    took = time.monotonic() - began
+                    assert replies and replies[0]["stopped_early"] is True and took < 20, (took, replies)
+                    top = replies[0]["records"][0]
+                    assert top["frames"][0][0] == "leak" and len(top["held"]) >= 4, top
+                    assert side.track_progress() == {"tracking": False}
+    finally:
+        proc.kill()
+        proc.wait()
