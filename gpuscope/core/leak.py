@@ -44,11 +44,13 @@ Pure Python; no numpy. Sizes are bytes; rates bytes per second; the texts read t
 from __future__ import annotations
 
 import functools
+from array import array
 import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from gpuscope.core.growth import floor_growth, theil_sen
 from gpuscope.core.units import format_duration, format_size, format_speed
@@ -196,7 +198,7 @@ class _Bucket:
         self.n = 1
         self.t_first = self.t_last = self.t_min = t
         self.v_first = self.v_last = self.v_min = self.v_max = v
-        self.s1 = v - ref
+        self.s1 = v - ref if v != ref else 0.0  # a flat series shares the constant, not a float per bucket
         self.max_drop = -dv if dv < 0 else 0.0
 
     def add(self, t: float, v: float, dv: float, ref: float) -> None:
@@ -237,6 +239,62 @@ class _Bucket:
         return b
 
 
+_INTEGER_FIELDS = frozenset(("key", "n"))
+
+
+class _Level:
+    """The buckets of one coarser level of a `FloorSketch`, oldest first, held field by field in
+    arrays: about 90 bytes a bucket, not an object of a dozen references. These levels hold the
+    older samples, nearly all the buckets of a long run; level 0 (recent, changed by every sample)
+    stays a deque of `_Bucket`. Reading gives `_Bucket` copies; a change goes through `merge_last`.
+    """
+
+    __slots__ = ("_columns", "_head")
+
+    def __init__(self) -> None:
+        self._columns = tuple(array("q" if name in _INTEGER_FIELDS else "d") for name in _Bucket.__slots__)
+        self._head = 0  # index of the oldest bucket held (those before it wait to be removed in one go)
+
+    def __len__(self) -> int:
+        return len(self._columns[0]) - self._head
+
+    def __getitem__(self, i: int) -> _Bucket:
+        k = self._head + i if i >= 0 else len(self._columns[0]) + i
+        b = _Bucket.__new__(_Bucket)
+        for name, column in zip(_Bucket.__slots__, self._columns):
+            setattr(b, name, column[k])
+        return b
+
+    def __iter__(self) -> Iterator[_Bucket]:
+        return (self[i] for i in range(len(self)))
+
+    def __reversed__(self) -> Iterator[_Bucket]:
+        return (self[-1 - i] for i in range(len(self)))
+
+    @property
+    def last_key(self) -> int:
+        return self._columns[0][-1]
+
+    def append(self, b: _Bucket) -> None:
+        for name, column in zip(_Bucket.__slots__, self._columns):
+            column.append(getattr(b, name))
+
+    def merge_last(self, later: _Bucket) -> None:
+        b = self[-1]
+        b.merge(later)
+        for name, column in zip(_Bucket.__slots__, self._columns):
+            column[-1] = getattr(b, name)
+
+    def popleft(self) -> _Bucket:
+        b = self[0]
+        self._head += 1
+        if self._head >= 16 and 2 * self._head >= len(self._columns[0]):
+            for column in self._columns:
+                del column[:self._head]
+            self._head = 0
+        return b
+
+
 class FloorSketch:
     """A bounded summary of one memory series: time buckets, finer for recent samples.
 
@@ -257,7 +315,7 @@ class FloorSketch:
         self.per_level = per_level
         self.factor = factor
         self.window_s = window_s
-        self._levels: list[deque[_Bucket]] = [deque()]
+        self._levels: list[deque[_Bucket] | _Level] = [deque()]
         self._origin: float | None = None
         self._ref = 0.0
         self._last_t: float | None = None
@@ -361,10 +419,10 @@ class FloorSketch:
             moved = levels[j].popleft()
             moved.key //= self.factor
             if j + 1 == len(levels):
-                levels.append(deque())
-            up = levels[j + 1]
-            if up and up[-1].key == moved.key:
-                up[-1].merge(moved)
+                levels.append(_Level())
+            up = cast(_Level, levels[j + 1])  # levels above 0 are all `_Level`s
+            if up and up.last_key == moved.key:
+                up.merge_last(moved)
             else:
                 up.append(moved)
             j += 1
