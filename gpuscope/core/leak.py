@@ -44,6 +44,7 @@ Pure Python; no numpy. Sizes are bytes; rates bytes per second; the texts read t
 from __future__ import annotations
 
 import functools
+import itertools
 from array import array
 import math
 import statistics
@@ -239,30 +240,34 @@ class _Bucket:
         return b
 
 
-_INTEGER_FIELDS = frozenset(("key", "n"))
+_FIELDS = _Bucket.__slots__
+_WIDTH = len(_FIELDS)
+_KEY, _N = _FIELDS.index("key"), _FIELDS.index("n")
 
 
 class _Level:
-    """The buckets of one coarser level of a `FloorSketch`, oldest first, held field by field in
-    arrays: about 90 bytes a bucket, not an object of a dozen references. These levels hold the
-    older samples, nearly all the buckets of a long run; level 0 (recent, changed by every sample)
-    stays a deque of `_Bucket`. Reading gives `_Bucket` copies; a change goes through `merge_last`.
+    """The buckets of one coarser level of a `FloorSketch`, oldest first, their fields side by side
+    in one array of doubles (the counts and keys are integers far below 2**53: exact): 88 bytes a
+    bucket, not an object of a dozen references. These levels hold the older samples, nearly all
+    the buckets of a long run; level 0 (recent, changed by every sample) stays a deque of
+    `_Bucket`. Reading gives `_Bucket` copies; a change goes through `merge_last`.
     """
 
-    __slots__ = ("_columns", "_head")
+    __slots__ = ("_data", "_head")
 
     def __init__(self) -> None:
-        self._columns = tuple(array("q" if name in _INTEGER_FIELDS else "d") for name in _Bucket.__slots__)
+        self._data = array("d")
         self._head = 0  # index of the oldest bucket held (those before it wait to be removed in one go)
 
     def __len__(self) -> int:
-        return len(self._columns[0]) - self._head
+        return len(self._data) // _WIDTH - self._head
 
     def __getitem__(self, i: int) -> _Bucket:
-        k = self._head + i if i >= 0 else len(self._columns[0]) + i
+        k = (self._head + i if i >= 0 else len(self._data) // _WIDTH + i) * _WIDTH
         b = _Bucket.__new__(_Bucket)
-        for name, column in zip(_Bucket.__slots__, self._columns):
-            setattr(b, name, column[k])
+        for name, value in zip(_FIELDS, self._data[k:k + _WIDTH]):
+            setattr(b, name, value)
+        b.key, b.n = int(b.key), int(b.n)
         return b
 
     def __iter__(self) -> Iterator[_Bucket]:
@@ -273,26 +278,62 @@ class _Level:
 
     @property
     def last_key(self) -> int:
-        return self._columns[0][-1]
+        return int(self._data[_KEY - _WIDTH])
 
     def append(self, b: _Bucket) -> None:
-        for name, column in zip(_Bucket.__slots__, self._columns):
-            column.append(getattr(b, name))
+        self._data.extend([getattr(b, name) for name in _FIELDS])
 
     def merge_last(self, later: _Bucket) -> None:
         b = self[-1]
         b.merge(later)
-        for name, column in zip(_Bucket.__slots__, self._columns):
-            column[-1] = getattr(b, name)
+        self._data[-_WIDTH:] = array("d", [getattr(b, name) for name in _FIELDS])
 
     def popleft(self) -> _Bucket:
         b = self[0]
         self._head += 1
-        if self._head >= 16 and 2 * self._head >= len(self._columns[0]):
-            for column in self._columns:
-                del column[:self._head]
+        # Removed in one go once an eighth is dead: a level holds at most ~1/8 more than its buckets.
+        if self._head >= 8 and 8 * self._head >= len(self._data) // _WIDTH:
+            del self._data[:self._head * _WIDTH]
             self._head = 0
         return b
+
+
+class _Runs:
+    """The latest `maxlen` numbers added, as runs of equal numbers in two arrays: the steps
+    between the samples of an idle series (all 0) cost one run, not a reference each."""
+
+    __slots__ = ("_values", "_counts", "_head", "_size", "maxlen")
+
+    def __init__(self, maxlen: int) -> None:
+        self._values = array("d")
+        self._counts = array("q")
+        self._head = 0  # index of the oldest run held (those before it wait to be removed in one go)
+        self._size = 0
+        self.maxlen = maxlen
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[float]:
+        for i in range(self._head, len(self._values)):
+            yield from itertools.repeat(self._values[i], self._counts[i])
+
+    def append(self, x: float) -> None:
+        if self._size and self._values[-1] == x:
+            self._counts[-1] += 1
+        else:
+            self._values.append(x)
+            self._counts.append(1)
+        self._size += 1
+        if self._size > self.maxlen:
+            self._size -= 1
+            h = self._head
+            self._counts[h] -= 1
+            if not self._counts[h]:
+                self._head = h = h + 1
+                if h >= 32 and 2 * h >= len(self._values):
+                    del self._values[:h], self._counts[:h]
+                    self._head = 0
 
 
 class FloorSketch:
@@ -323,7 +364,7 @@ class FloorSketch:
         self._count = 0
         self._added = 0
         self._noise: tuple[int, float] | None = None  # (samples added when computed, value)
-        self._steps: deque[float] = deque(maxlen=256)  # the latest steps between samples
+        self._steps = _Runs(maxlen=256)  # the latest steps between samples
         self._flat_since = math.inf  # time of the first of the latest samples that all have one value
 
     def __len__(self) -> int:
@@ -448,8 +489,9 @@ class FloorSketch:
             return self._noise[1]
         noise = 0.0
         if len(self._steps) >= 4:
-            mid = _median(self._steps)
-            deviations = sorted(abs(d - mid) for d in self._steps)
+            steps = list(self._steps)
+            mid = _median(steps)
+            deviations = sorted(abs(d - mid) for d in steps)
             noise = deviations[len(deviations) // 4] / (0.3186 * math.sqrt(2))
         self._noise = (self._added, noise)
         return noise
