@@ -48,6 +48,10 @@ class Clock:
     def time(self, seq: int) -> float:
         return self._times[seq - self._base]
 
+    def times(self, start: int, end: int) -> array:
+        """The times at positions start to end (excluded)."""
+        return self._times[start - self._base:end - self._base]
+
     def seq_of(self, t: float, after: int) -> int | None:
         """The first position after `after` holding time t, t appended when it is later than every
         time held (or equal to the latest, held at or before `after`: a time repeated); None when
@@ -172,19 +176,18 @@ class Ring:
             return [], []
         clock = self._clock
         first = clock.first_at_or_after(t0)
-        times: list[float] = []
-        values: list[float] = []
+        runs: list[tuple[int, int, float]] = []
         # Walk backwards from the newest run: windows are short compared with the ring.
         for r in range(len(self._seqs) - 1, self._head - 1, -1):
-            start, count = self._seqs[r], self._counts[r]
-            if start + count <= first:
+            start, end = self._seqs[r], self._seqs[r] + self._counts[r]
+            if end <= first:
                 break
-            v = self._values[r]
-            for seq in range(start + count - 1, max(start, first) - 1, -1):
-                times.append(clock.time(seq))
-                values.append(v)
-        times.reverse()
-        values.reverse()
+            runs.append((max(start, first), end, self._values[r]))
+        times: list[float] = []
+        values: list[float] = []
+        for start, end, v in reversed(runs):
+            times.extend(clock.times(start, end))
+            values.extend([v] * (end - start))
         return times, values
 
 
