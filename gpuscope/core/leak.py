@@ -44,11 +44,14 @@ Pure Python; no numpy. Sizes are bytes; rates bytes per second; the texts read t
 from __future__ import annotations
 
 import functools
+import itertools
+from array import array
 import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from gpuscope.core.growth import floor_growth, theil_sen
 from gpuscope.core.units import format_duration, format_size, format_speed
@@ -196,7 +199,7 @@ class _Bucket:
         self.n = 1
         self.t_first = self.t_last = self.t_min = t
         self.v_first = self.v_last = self.v_min = self.v_max = v
-        self.s1 = v - ref
+        self.s1 = v - ref if v != ref else 0.0  # a flat series shares the constant, not a float per bucket
         self.max_drop = -dv if dv < 0 else 0.0
 
     def add(self, t: float, v: float, dv: float, ref: float) -> None:
@@ -237,6 +240,102 @@ class _Bucket:
         return b
 
 
+_FIELDS = _Bucket.__slots__
+_WIDTH = len(_FIELDS)
+_KEY, _N = _FIELDS.index("key"), _FIELDS.index("n")
+
+
+class _Level:
+    """The buckets of one coarser level of a `FloorSketch`, oldest first, their fields side by side
+    in one array of doubles (the counts and keys are integers far below 2**53: exact): 88 bytes a
+    bucket, not an object of a dozen references. These levels hold the older samples, nearly all
+    the buckets of a long run; level 0 (recent, changed by every sample) stays a deque of
+    `_Bucket`. Reading gives `_Bucket` copies; a change goes through `merge_last`.
+    """
+
+    __slots__ = ("_data", "_head")
+
+    def __init__(self) -> None:
+        self._data = array("d")
+        self._head = 0  # index of the oldest bucket held (those before it wait to be removed in one go)
+
+    def __len__(self) -> int:
+        return len(self._data) // _WIDTH - self._head
+
+    def __getitem__(self, i: int) -> _Bucket:
+        k = (self._head + i if i >= 0 else len(self._data) // _WIDTH + i) * _WIDTH
+        b = _Bucket.__new__(_Bucket)
+        for name, value in zip(_FIELDS, self._data[k:k + _WIDTH]):
+            setattr(b, name, value)
+        b.key, b.n = int(b.key), int(b.n)
+        return b
+
+    def __iter__(self) -> Iterator[_Bucket]:
+        return (self[i] for i in range(len(self)))
+
+    def __reversed__(self) -> Iterator[_Bucket]:
+        return (self[-1 - i] for i in range(len(self)))
+
+    @property
+    def last_key(self) -> int:
+        return int(self._data[_KEY - _WIDTH])
+
+    def append(self, b: _Bucket) -> None:
+        self._data.extend([getattr(b, name) for name in _FIELDS])
+
+    def merge_last(self, later: _Bucket) -> None:
+        b = self[-1]
+        b.merge(later)
+        self._data[-_WIDTH:] = array("d", [getattr(b, name) for name in _FIELDS])
+
+    def popleft(self) -> _Bucket:
+        b = self[0]
+        self._head += 1
+        # Removed in one go once an eighth is dead: a level holds at most ~1/8 more than its buckets.
+        if self._head >= 8 and 8 * self._head >= len(self._data) // _WIDTH:
+            del self._data[:self._head * _WIDTH]
+            self._head = 0
+        return b
+
+
+class _Runs:
+    """The latest `maxlen` numbers added, as runs of equal numbers in two arrays: the steps
+    between the samples of an idle series (all 0) cost one run, not a reference each."""
+
+    __slots__ = ("_values", "_counts", "_head", "_size", "maxlen")
+
+    def __init__(self, maxlen: int) -> None:
+        self._values = array("d")
+        self._counts = array("q")
+        self._head = 0  # index of the oldest run held (those before it wait to be removed in one go)
+        self._size = 0
+        self.maxlen = maxlen
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[float]:
+        for i in range(self._head, len(self._values)):
+            yield from itertools.repeat(self._values[i], self._counts[i])
+
+    def append(self, x: float) -> None:
+        if self._size and self._values[-1] == x:
+            self._counts[-1] += 1
+        else:
+            self._values.append(x)
+            self._counts.append(1)
+        self._size += 1
+        if self._size > self.maxlen:
+            self._size -= 1
+            h = self._head
+            self._counts[h] -= 1
+            if not self._counts[h]:
+                self._head = h = h + 1
+                if h >= 32 and 2 * h >= len(self._values):
+                    del self._values[:h], self._counts[:h]
+                    self._head = 0
+
+
 class FloorSketch:
     """A bounded summary of one memory series: time buckets, finer for recent samples.
 
@@ -257,7 +356,7 @@ class FloorSketch:
         self.per_level = per_level
         self.factor = factor
         self.window_s = window_s
-        self._levels: list[deque[_Bucket]] = [deque()]
+        self._levels: list[deque[_Bucket] | _Level] = [deque()]
         self._origin: float | None = None
         self._ref = 0.0
         self._last_t: float | None = None
@@ -265,7 +364,7 @@ class FloorSketch:
         self._count = 0
         self._added = 0
         self._noise: tuple[int, float] | None = None  # (samples added when computed, value)
-        self._steps: deque[float] = deque(maxlen=256)  # the latest steps between samples
+        self._steps = _Runs(maxlen=256)  # the latest steps between samples
         self._flat_since = math.inf  # time of the first of the latest samples that all have one value
 
     def __len__(self) -> int:
@@ -361,10 +460,10 @@ class FloorSketch:
             moved = levels[j].popleft()
             moved.key //= self.factor
             if j + 1 == len(levels):
-                levels.append(deque())
-            up = levels[j + 1]
-            if up and up[-1].key == moved.key:
-                up[-1].merge(moved)
+                levels.append(_Level())
+            up = cast(_Level, levels[j + 1])  # levels above 0 are all `_Level`s
+            if up and up.last_key == moved.key:
+                up.merge_last(moved)
             else:
                 up.append(moved)
             j += 1
@@ -390,8 +489,9 @@ class FloorSketch:
             return self._noise[1]
         noise = 0.0
         if len(self._steps) >= 4:
-            mid = _median(self._steps)
-            deviations = sorted(abs(d - mid) for d in self._steps)
+            steps = list(self._steps)
+            mid = _median(steps)
+            deviations = sorted(abs(d - mid) for d in steps)
             noise = deviations[len(deviations) // 4] / (0.3186 * math.sqrt(2))
         self._noise = (self._added, noise)
         return noise
