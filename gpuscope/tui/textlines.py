@@ -150,13 +150,22 @@ class TextLines(Widget):
                 self._auto_width = content_width
                 self.refresh(layout=True)  # an auto-width widget whose text changed width
                 return
+        if len(cells) != len(old_cells) and self._height_follows_lines():
+            self.refresh(layout=True)  # its height is its number of lines: the layout moves
+            return
         if not diff or len(cells) != len(old_cells):
-            self.refresh(layout=len(cells) != len(old_cells))
+            # A layout costs the whole screen's compositor: a widget whose size stays (a table's
+            # column, 1fr high) only repaints.
+            self.refresh()
             return
         for y, (old, new) in enumerate(zip(old_cells, cells)):
             span = changed_span(old, new, width)
             if span is not None:
                 self.refresh(Region(span[0], y, span[1] - span[0], 1))
+
+    def _height_follows_lines(self) -> bool:
+        height = self.styles.height
+        return height is None or height.is_auto
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
