@@ -16,7 +16,7 @@ from __future__ import annotations
 from rich.console import OverflowMethod
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
+from rich.text import Span, Text
 from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
@@ -24,6 +24,7 @@ from textual.widget import Widget
 from gpuscope.core.printable import printable
 
 Cells = tuple[tuple[str, Style | None], ...]
+LineKey = tuple[str, tuple[Span, ...], str | Style]  # what a line of Text draws: its characters and styles
 
 
 def printable_text(text: Text | str) -> Text:
@@ -78,6 +79,8 @@ class TextLines(Widget):
         self._cells: list[Cells | None] = []
         self._width = 0
         self._auto_width = -1
+        self._drawn_lines: list[LineKey] = []  # unwrapped: the lines behind _strips, as given
+        self._drawn_width = 0
 
     @property
     def text(self) -> Text:
@@ -124,7 +127,18 @@ class TextLines(Widget):
             wrapped = list(self._text.wrap(console, max(1, width), no_wrap=False))
         else:
             wrapped = list(self._text.split("\n", allow_blank=True))
-        for line in wrapped:
+        # Unwrapped, a line that reads as before at the same width is drawn as before: a table's
+        # column changes in a few lines a tick, and rendering the others again is most of its cost.
+        before = self._drawn_lines if width == self._drawn_width and not self.wrap else []
+        drawn: list[LineKey] = []
+        for y, line in enumerate(wrapped):
+            if not self.wrap:
+                key = (line.plain, tuple(line.spans), line.style)
+                drawn.append(key)
+                if y < len(before) and before[y] == key:
+                    strips.append(self._strips[y])
+                    cells.append(self._cells[y])
+                    continue
             line.end = ""
             if not self.wrap and line.cell_len > width:
                 # Only text that does not fit earns an ellipsis; trailing padding is just cut.
@@ -134,6 +148,7 @@ class TextLines(Widget):
             strips.append(Strip(segments, line.cell_len))
             cells.append(cells_of(segments))
         self._strips, self._cells = strips, cells
+        self._drawn_lines, self._drawn_width = drawn, width
         return strips, cells
 
     def _rebuild(self, diff: bool) -> None:

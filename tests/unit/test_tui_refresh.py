@@ -52,3 +52,25 @@ async def test_a_process_that_exits_repaints_the_table_without_a_layout():
         assert {"col-pid", "col-command"} <= columns  # one line fewer in each column
         assert [name for name, layout in asked if layout] == []
 
+
+
+async def test_an_unwrapped_line_that_only_changes_style_is_drawn_again():
+    from rich.text import Text
+    from textual.app import App
+
+    from gpuscope.tui.textlines import TextLines
+
+    class One(App):
+        def compose(self):
+            yield TextLines("", wrap=False, id="lines")
+
+    app = One()
+    async with app.run_test(size=(40, 6)) as pilot:
+        lines = app.query_one(TextLines)
+        lines.set_text(Text("first\n") + Text("second", style="bold") + Text("\nthird"))
+        await pilot.pause()
+        assert any(seg.style and seg.style.bold for seg in lines._strips[1])
+        lines.set_text(Text("first\nsecond\nthird!"))  # the same characters, no longer bold
+        await pilot.pause()
+        assert lines.lines == ["first", "second", "third!"]
+        assert not any(seg.style and seg.style.bold for seg in lines._strips[1])
