@@ -10,6 +10,7 @@ dozen bytes a second and a few kilobytes. Rows keep their place unless the order
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 from rich.style import Style
 from rich.text import Text
@@ -47,6 +48,8 @@ SORTS = {
     "cpu": ("CPU", lambda r: (r.cpu_percent or 0.0,)),
 }
 SORT_COLUMN = {"memory": "gpu_mem", "growth": "growth", "cpu": "cpu"}
+# A command line is taken apart (shlex) to be shown; the same few dozen come back every tick.
+shown_command = lru_cache(maxsize=1024)(display_command)
 GROWTH_SHOWN = 50_000  # bytes/s below which growth reads as noise, not a trend (0.05 MB/s)
 
 
@@ -72,7 +75,7 @@ def row_cells(row: ProcessRow, growth_style: str) -> dict[str, tuple[str, str]]:
         "rss": (format_bytes(row.rss_bytes), ""),
         "growth": grow,
         "cpu": ("" if row.cpu_percent is None else f"{row.cpu_percent:.0f}", ""),
-        "command": (display_command(row.command), ""),
+        "command": (shown_command(row.command), ""),
     }
 
 
