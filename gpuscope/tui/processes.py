@@ -285,7 +285,7 @@ class ProcessTable(Widget, can_focus=True):
                 lines.append(_cell(text, width, right, Style.parse(style) if style else None,
                                    cursor_style if i == cursor_at else None))
             self._drawn[key] = (content, lines)
-            self.query_one(f"#col-{key}", TextLines).set_text(Text("\n").join(lines))
+            self.query_one(f"#col-{key}", TextLines).set_lines(lines)
 
 
 def _cell(text: str, width: int | None, right: bool, style: Style | None, under: Style | None = None) -> Text:
