@@ -28,6 +28,7 @@ from gpuscope.errors import Failure
 
 _STAT_MAX = 4096  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
 _NAMES_KEPT = 4096
+VERSION_ASK_DELAY_S = 2.0  # a Python's full version is asked this long after it is first wanted
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time"]
 
 
@@ -278,7 +279,10 @@ class HostCollector:
         def ask() -> None:
             self._versions[exe] = interpreter_version(exe, pid) or _short_version(pid, name, exe)
 
-        threading.Thread(target=ask, name="gpuscope-python-version", daemon=True).start()
+        # Later, not only elsewhere: a Python starting beside the console's own start slows it.
+        timer = threading.Timer(VERSION_ASK_DELAY_S, ask)
+        timer.name, timer.daemon = "gpuscope-python-version", True
+        timer.start()
 
 
 def _short_version(pid: int, name: str, exe: str | None) -> str | None:
