@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from gpuscope.errors import Failure
 
 _STAT_MAX = 4096  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
 _NAMES_KEPT = 4096
+VERSION_ASK_DELAY_S = 2.0  # a Python's full version is asked this long after it is first wanted
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time"]
 
 
@@ -55,6 +57,8 @@ class HostCollector:
     def __init__(self) -> None:
         self._commands: dict[tuple[int, float], str] = {}
         self._versions: dict[str, str | None] = {}  # interpreter path -> version
+        self._versions_asked: set[str] = set()  # interpreters being asked in the background
+        self._versions_lock = threading.Lock()
         self._users: dict[int, str] = {}
         self._cpu: dict[int, tuple[float, int, float]] = {}  # pid -> (create time, CPU ticks, when)
         self._exes: dict[tuple[int, float, bytes], str | None] = {}  # (pid, start, name) -> executable
@@ -218,8 +222,11 @@ class HostCollector:
 
     # -- the attached process -------------------------------------------------------------------
 
-    def detail(self, pid: int, python_version: bool = True) -> ProcessDetail:
-        """Everything shown about an attached process. Raises ProcessGone / ProcessForbidden."""
+    def detail(self, pid: int, python_version: bool = True, wait_for_version: bool = True) -> ProcessDetail:
+        """Everything shown about an attached process. Raises ProcessGone / ProcessForbidden.
+        `wait_for_version=False`: a Python's full version is learnt in the background (its
+        interpreter runs once, tens of milliseconds or more); until then the version is the one
+        its executable's name or libpython says ("3.11"), or None."""
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
@@ -242,24 +249,46 @@ class HostCollector:
             exe=_printable_or_none(exe),
             cwd=cwd,
             threads=threads,
-            python_version=self.python_version(pid, name, exe) if python_version else None,
+            python_version=self.python_version(pid, name, exe, wait_for_version) if python_version else None,
             status=status,
             create_time=create_time,
         )
 
-    def python_version(self, pid: int, name: str, exe: str | None) -> str | None:
-        """The interpreter version of a Python process, or None if it is not Python."""
+    def python_version(self, pid: int, name: str, exe: str | None, wait: bool = True) -> str | None:
+        """The interpreter version of a Python process, or None if it is not Python. `wait=False`:
+        the interpreter is asked in the background and the quick answer is returned meanwhile."""
         if exe and exe in self._versions:
             return self._versions[exe]
-        version = None
-        if is_python(name, exe) and exe:
-            version = interpreter_version(exe, pid)
+        python = is_python(name, exe)
+        if python and exe and not wait:
+            self._ask_interpreter_later(exe, pid, name)
+            return _short_version(pid, name, exe)
+        version = interpreter_version(exe, pid) if python and exe else None
         if version is None:
-            short = libpython_version(pid) or (version_in_name(exe) if is_python(name, exe) else None)
-            version = "%d.%d" % short if short else None
+            version = _short_version(pid, name, exe)
         if exe:
             self._versions[exe] = version
         return version
+
+    def _ask_interpreter_later(self, exe: str, pid: int, name: str) -> None:
+        with self._versions_lock:
+            if exe in self._versions_asked:
+                return
+            self._versions_asked.add(exe)
+
+        def ask() -> None:
+            self._versions[exe] = interpreter_version(exe, pid) or _short_version(pid, name, exe)
+
+        # Later, not only elsewhere: a Python starting beside the console's own start slows it.
+        timer = threading.Timer(VERSION_ASK_DELAY_S, ask)
+        timer.name, timer.daemon = "gpuscope-python-version", True
+        timer.start()
+
+
+def _short_version(pid: int, name: str, exe: str | None) -> str | None:
+    """"3.11" from libpython in the process's maps or from its executable's name; nothing is run."""
+    short = libpython_version(pid) or (version_in_name(exe) if is_python(name, exe) else None)
+    return "%d.%d" % short if short else None
 
 
 def _printable_or_none(text: str | None) -> str | None:

@@ -238,7 +238,9 @@ class NodeSource:
         detail = None
         if self._focus is not None:
             try:
-                detail = self._host.detail(self._focus)
+                # The interpreter's full version is asked in the background: the first frame
+                # does not wait for another Python to start.
+                detail = self._host.detail(self._focus, wait_for_version=False)
             except (ProcessGone, ProcessForbidden):
                 prior = self._last.detail if self._last is not None else None
                 detail = replace(prior, exited=True, threads=None, status="exited") if prior else None

@@ -125,4 +125,6 @@ class DevicesPanel(Vertical):
             widget = self.query_one(f"#{widget_id}", TextLines)
             widget.set_class(not text.plain, "empty")
             widget.set_text(text)
-            widget.tooltip = widget.text if text.plain else None  # a Text: never read as markup
+            tooltip = widget.text if text.plain else None  # a Text: never read as markup
+            if widget.tooltip != tooltip:  # setting it asks the screen about the mouse: only on a change
+                widget.tooltip = tooltip

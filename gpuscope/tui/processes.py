@@ -10,6 +10,7 @@ dozen bytes a second and a few kilobytes. Rows keep their place unless the order
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 from rich.style import Style
 from rich.text import Text
@@ -47,6 +48,8 @@ SORTS = {
     "cpu": ("CPU", lambda r: (r.cpu_percent or 0.0,)),
 }
 SORT_COLUMN = {"memory": "gpu_mem", "growth": "growth", "cpu": "cpu"}
+# A command line is taken apart (shlex) to be shown; the same few dozen come back every tick.
+shown_command = lru_cache(maxsize=1024)(display_command)
 GROWTH_SHOWN = 50_000  # bytes/s below which growth reads as noise, not a trend (0.05 MB/s)
 
 
@@ -72,7 +75,7 @@ def row_cells(row: ProcessRow, growth_style: str) -> dict[str, tuple[str, str]]:
         "rss": (format_bytes(row.rss_bytes), ""),
         "growth": grow,
         "cpu": ("" if row.cpu_percent is None else f"{row.cpu_percent:.0f}", ""),
-        "command": (display_command(row.command), ""),
+        "command": (shown_command(row.command), ""),
     }
 
 
@@ -126,7 +129,7 @@ class ProcessTable(Widget, can_focus=True):
         # processes that use the most, not on one that was first before they were known.
         self._at_top = True
         self._top = 0
-        self._drawn: dict[str, tuple] = {}  # column -> what it shows now
+        self._drawn: dict[str, tuple[tuple, list[Text]]] = {}  # column -> what it shows now, its lines
 
     def on_mount(self) -> None:
         follow_theme(self, self._use_palette)
@@ -268,14 +271,21 @@ class ProcessTable(Widget, can_focus=True):
             if key == sorted_column:
                 label += SORT_MARK
             content = (label, cursor_at, header_style, cursor_style, tuple(row[key] for row in cells))
-            if self._drawn.get(key) == content:
+            drawn = self._drawn.get(key)
+            if drawn is not None and drawn[0] == content:
                 continue  # most columns do not change from one tick to the next: skip building them
-            self._drawn[key] = content
+            # A cell that reads as before, with the same styles, keeps its Text.
+            same_styles = drawn is not None and drawn[0][1:4] == content[1:4]
+            before_cells, before_lines = (drawn[0][-1], drawn[1]) if same_styles and drawn else ((), [])
             lines = [_cell(label, width, right, None, header_style)]
             for i, (text, style) in enumerate(content[-1]):
+                if i < len(before_cells) and before_cells[i] == (text, style):
+                    lines.append(before_lines[i + 1])
+                    continue
                 lines.append(_cell(text, width, right, Style.parse(style) if style else None,
                                    cursor_style if i == cursor_at else None))
-            self.query_one(f"#col-{key}", TextLines).set_text(Text("\n").join(lines))
+            self._drawn[key] = (content, lines)
+            self.query_one(f"#col-{key}", TextLines).set_lines(lines)
 
 
 def _cell(text: str, width: int | None, right: bool, style: Style | None, under: Style | None = None) -> Text:

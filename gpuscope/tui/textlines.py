@@ -16,7 +16,7 @@ from __future__ import annotations
 from rich.console import OverflowMethod
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
+from rich.text import Span, Text
 from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
@@ -24,21 +24,32 @@ from textual.widget import Widget
 from gpuscope.core.printable import printable
 
 Cells = tuple[tuple[str, Style | None], ...]
+LineKey = tuple[str, tuple[Span, ...], str | Style]  # what a line of Text draws: its characters and styles
 
 
-def printable_text(text: Text | str) -> Text:
+def printable_text(text: Text | str, newlines: bool = True) -> Text:
     """`text` as a Text (a str is never read as markup) with every control, format and separator
-    character replaced by a visible one; newlines stay. One character is replaced by one, so
-    the styles' spans stay where they were."""
+    character replaced by a visible one; newlines stay unless `newlines` is False. One character
+    is replaced by one, so the styles' spans stay where they were."""
     if isinstance(text, str):
         text = Text(text)
     plain = text.plain
-    shown = printable(plain, newlines=True)
+    shown = printable(plain, newlines=newlines)
     if shown == plain:
         return text
     text = text.copy()
     text.plain = shown
     return text
+
+
+def _styled_through(line: Text) -> Text:
+    """A line whose own style is a span, as joining lines makes it (Text.render draws spans only)."""
+    if not line.style:
+        return line
+    line = line.copy()
+    line.stylize_before(line.style, 0, len(line))
+    line.style = ""
+    return line
 
 
 def cells_of(segments: list[Segment]) -> Cells | None:
@@ -72,15 +83,20 @@ class TextLines(Widget):
 
     def __init__(self, text: Text | str = "", *, wrap: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._text = printable_text(text)
+        self._text: Text | None = printable_text(text)
+        self._given: list[Text] | None = None  # the lines, when set by set_lines (then _text is joined when asked)
         self.wrap = wrap  # False: one line per "\n"-separated line, cropped to the width
         self._strips: list[Strip] = []
         self._cells: list[Cells | None] = []
         self._width = 0
         self._auto_width = -1
+        self._drawn_lines: list[LineKey] = []  # unwrapped: the lines behind _strips, as given
+        self._drawn_width = 0
 
     @property
     def text(self) -> Text:
+        if self._text is None:
+            self._text = Text("\n").join(self._given or [])
         return self._text
 
     @property
@@ -90,9 +106,19 @@ class TextLines(Widget):
 
     def set_text(self, text: Text) -> None:
         text = printable_text(text)
-        if text == self._text:  # same characters and styles: nothing to lay out or send
+        if text == self.text:  # same characters and styles: nothing to lay out or send
             return
-        self._text = text
+        self._text, self._given = text, None
+        self._rebuild(diff=True)
+
+    def set_lines(self, lines: list[Text]) -> None:
+        """The text as its lines, one Text each (a newline inside one is shown, not followed):
+        set_text without joining the lines to split them again, for a widget that is not wrapped
+        and changes every tick."""
+        lines = [_styled_through(printable_text(line, newlines=False)) for line in lines]
+        if lines == self._given:
+            return
+        self._given, self._text = lines, None
         self._rebuild(diff=True)
 
     def set_wrap(self, wrap: bool) -> None:
@@ -105,7 +131,13 @@ class TextLines(Widget):
         self._rebuild(diff=False)
 
     def _content_width(self) -> int:
-        return max((line.cell_len for line in self._text.split("\n")), default=0)
+        return max((line.cell_len for line in self._split()), default=0)
+
+    def _split(self) -> list[Text]:
+        """The lines as given; the caller copies one before changing it."""
+        if self._given is not None:
+            return self._given
+        return list(self.text.split("\n", allow_blank=True))
 
     def get_content_width(self, container: Size, viewport: Size) -> int:
         return self._content_width()
@@ -121,10 +153,22 @@ class TextLines(Widget):
         strips: list[Strip] = []
         cells: list[Cells | None] = []
         if self.wrap:
-            wrapped = list(self._text.wrap(console, max(1, width), no_wrap=False))
+            wrapped = list(self.text.wrap(console, max(1, width), no_wrap=False))
         else:
-            wrapped = list(self._text.split("\n", allow_blank=True))
-        for line in wrapped:
+            wrapped = self._split()
+        # Unwrapped, a line that reads as before at the same width is drawn as before: a table's
+        # column changes in a few lines a tick, and rendering the others again is most of its cost.
+        before = self._drawn_lines if width == self._drawn_width and not self.wrap else []
+        drawn: list[LineKey] = []
+        for y, line in enumerate(wrapped):
+            if not self.wrap:
+                key = (line.plain, tuple(line.spans), line.style)
+                drawn.append(key)
+                if y < len(before) and before[y] == key:
+                    strips.append(self._strips[y])
+                    cells.append(self._cells[y])
+                    continue
+                line = line.copy()
             line.end = ""
             if not self.wrap and line.cell_len > width:
                 # Only text that does not fit earns an ellipsis; trailing padding is just cut.
@@ -134,6 +178,7 @@ class TextLines(Widget):
             strips.append(Strip(segments, line.cell_len))
             cells.append(cells_of(segments))
         self._strips, self._cells = strips, cells
+        self._drawn_lines, self._drawn_width = drawn, width
         return strips, cells
 
     def _rebuild(self, diff: bool) -> None:
@@ -150,13 +195,22 @@ class TextLines(Widget):
                 self._auto_width = content_width
                 self.refresh(layout=True)  # an auto-width widget whose text changed width
                 return
+        if len(cells) != len(old_cells) and self._height_follows_lines():
+            self.refresh(layout=True)  # its height is its number of lines: the layout moves
+            return
         if not diff or len(cells) != len(old_cells):
-            self.refresh(layout=len(cells) != len(old_cells))
+            # A layout costs the whole screen's compositor: a widget whose size stays (a table's
+            # column, 1fr high) only repaints.
+            self.refresh()
             return
         for y, (old, new) in enumerate(zip(old_cells, cells)):
             span = changed_span(old, new, width)
             if span is not None:
                 self.refresh(Region(span[0], y, span[1] - span[0], 1))
+
+    def _height_follows_lines(self) -> bool:
+        height = self.styles.height
+        return height is None or height.is_auto
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width

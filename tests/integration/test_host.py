@@ -107,3 +107,13 @@ def test_one_python_version_detection_for_the_console_and_the_injection():
     assert HostCollector().detail(os.getpid()).python_version.startswith("%d.%d" % sys.version_info[:2])
     assert version_in_name("/usr/bin/python3.12") == (3, 12) and version_in_name("/usr/bin/pypy3.10") == (3, 10)
     assert version_in_name("/usr/bin/python3") is None and version_in_name(None) is None
+
+
+def test_the_console_read_does_not_wait_for_the_interpreter_version(spawn_python):
+    child = spawn_python(IDLER)
+    host = HostCollector()
+    first = host.detail(child.pid, wait_for_version=False)
+    # The quick answer, from the executable's name or libpython: nothing was run for it.
+    assert first.python_version == "%d.%d" % sys.version_info[:2]
+    full = ".".join(map(str, sys.version_info[:3]))
+    assert wait_until(lambda: host.detail(child.pid, wait_for_version=False).python_version == full, timeout=20)
