@@ -470,12 +470,14 @@ def step_code_path(ev: Evidence, verdict: str, suspects: tuple[Suspect, ...] | N
         "stacks": [{"function": s.function, "frames": stack_json(s.stack)} for s in (suspects or att.suspects)[:5]],
     }
     suspects = att.suspects if suspects is None else suspects
+    failed = [f"{r.method} {r.status}: {r.detail}" for r in att.rungs if r.status == "failed"]
     if unseen is not None and not suspects:
         evidence["unseen_growth"] = unseen.to_json()
         return Step(7, title, WARN, f"No suspect named: {unseen.finding()}.", unseen.next(), evidence)
     if withheld is not None:
         evidence["withheld"] = withheld
-        return Step(7, title, OK, f"No suspect named: {withheld}.", evidence=evidence)
+        failures = f" ({'; '.join(failed)})" if failed else ""
+        return Step(7, title, OK, f"No suspect named: {withheld}{failures}.", evidence=evidence)
     if not suspects:
         why = "; ".join(f"{r.method}: {r.detail}" for r in att.rungs if r.status != "used")
         return Step(7, title, WARN if verdict == "leak" else OK, f"No suspect named ({why}).", evidence=evidence)
@@ -486,8 +488,7 @@ def step_code_path(ev: Evidence, verdict: str, suspects: tuple[Suspect, ...] | N
            "stack-sampling": "stack sampling (low confidence: where the process was while memory grew)"}.get(
                top.method, top.method)
     status = ALERT if verdict == "leak" and att.confidence in ("high", "medium") else WARN
-    passed = [f"{r.method} {r.status}: {r.detail}" for r in att.rungs if r.status == "failed"]
-    also = f" ({'; '.join(passed)})" if passed and att.confidence != "high" else ""
+    also = f" ({'; '.join(failed)})" if failed and att.confidence != "high" else ""
     return Step(7, title, status,
                 f"First suspect: {top.function} ({top.file}:{top.line}), {top.share * 100:.0f}%{size}, by {how}{also}.",
                 f"Read {top.file}:{top.line}: what keeps what it allocates?", evidence)
@@ -666,8 +667,8 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         suspects = ()
     withheld = None
     if verdict != "leak" and suspects and suspects[0].method == "stack-sampling":
-        withheld = (f"the memory does not leak ({pattern}), and stack samples show where the process spent its time, "
-                    "not what allocated memory")
+        found = f"the memory does not leak ({pattern})" if verdict == "no-leak" else f"no leak is established ({verdict})"
+        withheld = f"{found}, and stack samples show where the process spent its time, not what allocated memory"
         suspects = ()
     service = service_numbers(ev)
     steps = (
