@@ -144,11 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from gpuscope.config import Settings
-
-    args = build_parser(argv).parse_args(argv)
+    args = build_parser(argv).parse_args(argv)  # --help and usage errors end here, before the settings load
     if args.theme is not None:
         theme_check(args.theme)
+    from gpuscope.config import Settings
+
     settings = Settings.load(args.config, setting_flags(args))
     command: Command = cast(Command, console) if args.command is None else command_module(args.command)
     return command.run(args, settings)

@@ -119,3 +119,17 @@ def test_the_core_imports_nothing_above_it(module):
     probe = f"import sys, {module}\nprint(','.join(m for m in sys.modules if m.startswith({above!r})))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "", out.stdout + out.stderr
+
+
+def test_help_imports_nothing_but_the_parser():
+    """`gpuscope --help` answers from the parser alone: no settings, no core beyond printing."""
+    code = (
+        "import contextlib, io, sys\nfrom gpuscope.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n        main(['--help'])\n    except SystemExit:\n        pass\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('gpuscope'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = set(out.stdout.strip().splitlines()[-1].split(","))
+    assert "gpuscope.config" not in loaded and len(loaded) <= 10, sorted(loaded)
