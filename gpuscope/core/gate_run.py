@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 TREE_REFRESH_S = 1.0
 MAX_TREE = 64  # processes of the tree measured (a service with more workers is measured by its first 64)
 MAX_TRACKED = 8  # processes memray tracks at once
-TRACK_SHARE = 0.9  # of the expected round length
+TRACK_SHARE = 0.9  # of the round's expected busy part: tracking ends before its quiet end
 TRACK_GRACE_S = 1.0  # waited, at least, for memray's answer after the quiet part
 STOP_TIMEOUT_S = 10.0
 READY_POLL_S = 0.2
@@ -331,6 +331,10 @@ class Tracking:
     def started(self) -> bool:
         return bool(self._threads)
 
+    def answered(self) -> bool:
+        """Every probe has replied (or failed): nothing of memray's runs in the service any more."""
+        return not any(t.is_alive() for t in self._threads)
+
     def cancel(self) -> None:
         """Stop tracking now (the probes see the hang-up and stop memray); nothing is returned."""
         self._cancel.set()
@@ -491,7 +495,9 @@ def drive(
             stopped, stopped_by = rounds[-1].note, "service"
             exit_status = service.shell_status()
             numbers = []
-    expected = plan.first_round_s if plan.load else plan.round_s
+    # The busy part of a round (before its quiet end), which memray may track: the quiet end is
+    # the floor, and it must not hold the tracker's own memory.
+    expected = plan.first_round_s if plan.load else max(0.0, plan.round_s - plan.settle_s)
     for number in numbers:
         what = "warm-up round" if number <= 0 else f"round {number}/{plan.rounds}"
         progress(f"{what}: {'running the load command' if plan.load else f'watching for {plan.round_s:g} s'}…")
@@ -593,7 +599,10 @@ def _round(service: Service, plan: Plan, number: int, expected: float | None, me
                     break
             if quiet_until is not None and now >= quiet_until:
                 break
-            _sample(memory, figures, judged, quiet_until is not None)
+            # A sample counts for the floor once the quiet part began and memray has answered (it
+            # reads its capture inside the service before it does).
+            quiet = quiet_until is not None and (tracking is None or tracking.answered())
+            _sample(memory, figures, judged, quiet)
             if judged is not None and now - last_update >= 1.0:
                 judged.update()  # the detector confirms a young leak over successive updates
                 last_update = now
