@@ -574,10 +574,17 @@ def _ranked_suspects(att: Attribution | None, rising: list[tuple[Site, HeldTrend
     is still held at the end may be a large temporary caught alive; what keeps rising is not."""
     if att is None:
         return ()
-    order = {(site.function, site.file, site.line): i for i, (site, _) in enumerate(rising)}
-    if not order:
+    rates = {(site.function, site.file, site.line): trend.growth_bytes_per_s for site, trend in rising}
+    if not rates:
         return att.suspects
-    return tuple(sorted(att.suspects, key=lambda s: order.get((s.function, s.file, s.line), len(order))))
+
+    def rank(s: Suspect) -> tuple:
+        rate = rates.get((s.function, s.file, s.line))
+        # Equal rates are one allocation seen at several frames: the innermost (the function that
+        # allocates, its callers after it) comes first.
+        return (1, 0.0, 0) if rate is None else (0, -rate, -len(s.stack))
+
+    return tuple(sorted(att.suspects, key=rank))
 
 
 def _instrument(att: Attribution | None, note: dict) -> InstrumentCost | None:

@@ -586,23 +586,25 @@ def _round(service: Service, plan: Plan, number: int, expected: float | None, me
                 cut = f"the service {service.describe_exit()} during round {number}"
                 break
             if quiet_until is None:
+                # The quiet part begins once memray has answered too: it reads its capture inside
+                # the service first, and the floor must not hold the tracker's own memory.
+                answered = tracking is None or tracking.answered() or now - started > plan.round_timeout_s
                 if load is not None and load.poll() is not None:
                     load_exit = load.returncode
                     if load_exit != 0:
                         cut = f"the load command exited with status {load_exit} in round {number}"
                         break
-                    quiet_until = now + plan.settle_s
+                    if answered:
+                        quiet_until = now + plan.settle_s
                 elif busy_until is not None and now >= busy_until:
-                    quiet_until = busy_until + plan.settle_s
+                    if answered:
+                        quiet_until = now + plan.settle_s
                 elif now - started > plan.round_timeout_s:
                     cut = f"the load command ran past the round timeout ({plan.round_timeout_s:g} s) in round {number}"
                     break
             if quiet_until is not None and now >= quiet_until:
                 break
-            # A sample counts for the floor once the quiet part began and memray has answered (it
-            # reads its capture inside the service before it does).
-            quiet = quiet_until is not None and (tracking is None or tracking.answered())
-            _sample(memory, figures, judged, quiet)
+            _sample(memory, figures, judged, quiet_until is not None)
             if judged is not None and now - last_update >= 1.0:
                 judged.update()  # the detector confirms a young leak over successive updates
                 last_update = now
