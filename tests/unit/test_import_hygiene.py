@@ -58,17 +58,23 @@ def test_no_command_imports_the_command_line(module):
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 
 
-def test_a_command_imports_only_its_own_module():
-    """Parsing `ps` does not import the other commands' modules (nor what they need)."""
+def modules_after_main(argv: list[str], prefix: str) -> set[str]:
+    """The modules named `prefix...` loaded once `gpuscope.cli.main(argv)` has run (its output
+    discarded), in a fresh interpreter."""
     code = (
-        "import contextlib, io\nfrom gpuscope.cli import main\n"
+        "import contextlib, io, sys\nfrom gpuscope.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-        "    main(['ps', '--json'])\n"
-        "import sys\nprint(','.join(sorted(m for m in sys.modules if m.startswith('gpuscope.commands.'))))"
+        f"    try:\n        main({argv!r})\n    except SystemExit:\n        pass\n"
+        f"print(','.join(sorted(m for m in sys.modules if m.startswith({prefix!r}))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    loaded = set(out.stdout.strip().splitlines()[-1].split(","))
+    return set(out.stdout.strip().splitlines()[-1].split(","))
+
+
+def test_a_command_imports_only_its_own_module():
+    """Parsing `ps` does not import the other commands' modules (nor what they need)."""
+    loaded = modules_after_main(["ps", "--json"], "gpuscope.commands.")
     assert loaded == {"gpuscope.commands.common", "gpuscope.commands.console", "gpuscope.commands.ps"}
 
 
@@ -123,13 +129,5 @@ def test_the_core_imports_nothing_above_it(module):
 
 def test_help_imports_nothing_but_the_parser():
     """`gpuscope --help` answers from the parser alone: no settings, no core beyond printing."""
-    code = (
-        "import contextlib, io, sys\nfrom gpuscope.cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    try:\n        main(['--help'])\n    except SystemExit:\n        pass\n"
-        "print(','.join(sorted(m for m in sys.modules if m.startswith('gpuscope'))))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    loaded = set(out.stdout.strip().splitlines()[-1].split(","))
+    loaded = modules_after_main(["--help"], "gpuscope")
     assert "gpuscope.config" not in loaded and len(loaded) <= 10, sorted(loaded)
