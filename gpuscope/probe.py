@@ -306,12 +306,23 @@ class _Server:
         self.path = path
         self.pid = os.getpid()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Bound under a passing name and renamed once it listens: a client that finds the socket
+        # bound but not yet listening is refused, and takes it for a dead probe's (and removes it).
+        passing = os.path.join(os.path.dirname(path), ".%d" % self.pid)  # no longer than the name
+        bound = False
         try:
-            self.listener.bind(path)
-            os.chmod(path, 0o600)
+            self.listener.bind(passing)
+            bound = True
+            os.chmod(passing, 0o600)
             self.listener.listen(8)
+            os.rename(passing, path)
         except Exception:
             self.listener.close()
+            if bound:
+                try:
+                    os.unlink(passing)
+                except OSError:
+                    pass
             raise
         self.closing = False
         self.clients = 0

@@ -165,6 +165,10 @@ class CheckRun:
     stopped: str | None = None  # why the rounds ended early (one line), None when all ran
     stopped_by: str | None = None  # "service" (it exited, or never got ready) | "load" (failed, timed out)
     notes: tuple[str, ...] = ()
+    # The first round whose floor holds the memory of every instrument loaded into the service
+    # (memray, loaded once before round 0, or at the start of the round where a process's probe
+    # first showed): the floors of earlier rounds lack it, so the growth line starts here.
+    comparable_from: int = 0
 
     @property
     def judged(self) -> tuple[Round, ...]:
@@ -185,6 +189,7 @@ class Baseline:
     settings: Mapping[str, object]
     command: str = ""
     created: str | None = None
+    comparable_from: int = 0  # as in CheckRun
 
     @property
     def judged(self) -> tuple[Round, ...]:
@@ -204,6 +209,7 @@ def baseline_json(run: CheckRun, *, version: str, created: str) -> dict:
         "command": run.command,
         "settings": dict(run.settings),
         "rounds": [r.to_json() for r in run.rounds if r.number >= 0],
+        "comparable_from": run.comparable_from,
     }
 
 
@@ -241,9 +247,10 @@ def load_baseline(path: str) -> Baseline:
         settings = data.get("settings") or {}
         if not isinstance(settings, dict):
             raise ValueError("settings is not an object")
+        comparable_from = _int(data.get("comparable_from", 0))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BaselineError(f"baseline {path} is damaged ({_why(exc)}): write it again with --update-baseline") from None
-    baseline = Baseline(path, rounds, settings, str(data.get("command") or ""), data.get("created"))
+    baseline = Baseline(path, rounds, settings, str(data.get("command") or ""), data.get("created"), comparable_from)
     if baseline.reference is None or not baseline.judged or baseline.reference.floor("rss") is None:
         raise BaselineError(
             f"baseline {path} holds no completed rounds to compare with: write it again with --update-baseline"
@@ -326,10 +333,11 @@ class Verdict:
         return tuple(c for c in self.criteria if c.passed is False)
 
 
-def growth_of(rounds: Sequence[Round], series: str) -> Growth:
-    """Growth per round and noise of one series over round 0 and the completed judged rounds."""
+def growth_of(rounds: Sequence[Round], series: str, since: int = 0) -> Growth:
+    """Growth per round and noise of one series over round `since` (0: the reference) and the
+    completed judged rounds after it."""
     points = [(float(r.number), float(f)) for r in rounds
-              if r.completed and r.number >= 0 and (f := r.floor(series)) is not None]
+              if r.completed and r.number >= since and (f := r.floor(series)) is not None]
     reference = next((r.floor(series) for r in rounds if r.number == 0), None)
     judged = [r for r in rounds if r.number > 0 and r.completed]
     counted = [r.requests for r in judged if r.requests is not None]
@@ -357,9 +365,9 @@ def judge(run: CheckRun, baseline: Baseline | None, tolerance_pct: float = DEFAU
     allowance: dict[str, float] = {}
     round_failures: dict[int, str] = {r.number: r.note or "cut short" for r in run.rounds if not r.completed}
     for series in run.series():
-        g = growth_of(run.rounds, series)
+        g = growth_of(run.rounds, series, run.comparable_from)
         growth[series] = g
-        b = growth_of(baseline.rounds, series) if baseline is not None else None
+        b = growth_of(baseline.rounds, series, baseline.comparable_from) if baseline is not None else None
         if b is not None and b.per_round is not None:
             base_growth[series] = b
         if not compare:

@@ -335,6 +335,11 @@ class Tracking:
         """Every probe has replied (or failed): nothing of memray's runs in the service any more."""
         return not any(t.is_alive() for t in self._threads)
 
+    def answered_pids(self) -> set[int]:
+        """The processes whose probe replied with a capture."""
+        with self._lock:
+            return {pid for pid, reply, _ in self._results if reply is not None}
+
     def cancel(self) -> None:
         """Stop tracking now (the probes see the hang-up and stop memray); nothing is returned."""
         self._cancel.set()
@@ -385,16 +390,22 @@ class Tracking:
         return sites, None
 
 
-def prime_memray(memory: TreeMemory, wait_s: float) -> list[str]:
-    """Start and stop memray once in each probed process, so its own footprint predates round 0.
+def prime_memray(memory: TreeMemory, primed: set[int], wait_s: float = 0.0) -> tuple[bool, list[str]]:
+    """Start and stop memray once in each probed process not tried yet (adding it to `primed`),
+    so that memray's own footprint predates the floors that are compared. Whether memray was
+    loaded into one now, and what went wrong.
 
     A probe starts with its interpreter: a service just started is given `wait_s` to show one."""
     deadline = time.monotonic() + wait_s
     while not any(probe_client.probe_path(p) for p in memory.pids()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    tracking = Tracking(memory.pids(), 0.1)
+    fresh = [p for p in memory.pids() if p not in primed and probe_client.probe_path(p)]
+    if not fresh:
+        return False, []
+    tracking = Tracking(fresh, 0.1)
     _, problem = tracking.finish(30.0)
-    return [problem] if problem and tracking.started else []
+    primed.update(fresh)
+    return bool(tracking.answered_pids()), [problem] if problem and tracking.started else []
 
 
 # -- the service's counters --------------------------------------------------------------------------
@@ -486,8 +497,10 @@ def drive(
     stopped: str | None = None
     stopped_by: str | None = None
     exit_status: int | None = None
+    primed: set[int] = set()
+    comparable_from = 0
     if plan.memray:
-        notes += prime_memray(memory, probe_wait_s)
+        notes += prime_memray(memory, primed, probe_wait_s)[1]
     numbers = [n for n in range(1 - plan.warmup_rounds, plan.rounds + 1)]
     if plan.warmup_rounds == 0:
         rounds.append(_idle_reference(service, plan, memory))
@@ -500,6 +513,15 @@ def drive(
     expected = plan.first_round_s if plan.load else max(0.0, plan.round_s - plan.settle_s)
     for number in numbers:
         what = "warm-up round" if number <= 0 else f"round {number}/{plan.rounds}"
+        if plan.memray:
+            # A process whose probe showed only now (a late start, a worker forked later): memray
+            # is first loaded there before this round, and earlier rounds' floors lack its memory.
+            loaded, problems = prime_memray(memory, primed)
+            notes += [p for p in problems if p not in notes]
+            if loaded and number > comparable_from:
+                comparable_from = number
+                notes.append(f"memray was first loaded into a process of the service before round {number} "
+                             "(its probe showed late): the growth is judged from that round on")
         progress(f"{what}: {'running the load command' if plan.load else f'watching for {plan.round_s:g} s'}…")
         done = _round(service, plan, number, expected, memory, metrics, watch, load_output)
         rounds.append(done)
@@ -514,7 +536,8 @@ def drive(
     assessments = {str(k): a for k, a in watch.assessments().items()}
     if memory.gpu_status and not any(k.startswith("gpu") for r in rounds for k in r.memory):
         notes.append(f"no GPU figures: {memory.gpu_status}")
-    return CheckRun(command, plan.settings(), tuple(rounds), assessments, exit_status, stopped, stopped_by, tuple(notes))
+    return CheckRun(command, plan.settings(), tuple(rounds), assessments, exit_status, stopped, stopped_by, tuple(notes),
+                    comparable_from)
 
 
 def _summary(r: Round) -> str:

@@ -52,6 +52,12 @@ def program(tmp_path, name: str, code: str) -> str:
     return str(path)
 
 
+def comparable_from(result: dict) -> int:
+    """The round from which the floors hold memray's own memory: 0, or the one a note names."""
+    late = [n for n in result["notes"] if "memray was first loaded" in n]
+    return int(late[0].split("before round ")[1].split()[0]) if late else 0
+
+
 @pytest.fixture(scope="module")
 def demo_baseline(tmp_path_factory):
     """A baseline of the demo service with its leak switched off: the known-good run."""
@@ -130,10 +136,37 @@ def test_a_flat_service_with_noisy_temporaries_passes(tmp_path):
     result = json.loads(out.stdout)
     rss = [r["memory"]["rss"] for r in result["rounds"]]
     assert max(m["peak"] - m["floor"] for m in rss) > 40_000_000, out.stdout  # the temporaries were seen ...
-    floors = [m["floor"] for m in rss]
+    first = comparable_from(result)
+    floors = [r["memory"]["rss"]["floor"] for r in result["rounds"] if r["round"] >= first]
     assert max(floors) - min(floors) < 10_000_000, out.stdout  # ... and the floors left them out
     criteria = {c["name"]: c for c in result["criteria"]}
     assert criteria["rss-growth"]["status"] == "pass" and criteria["leak"]["status"] == "pass"
+
+
+FLAT = """
+import time
+held = bytearray(20_000_000)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_probe_that_shows_late_is_primed_then_and_the_growth_judged_from_that_round(tmp_path):
+    # The shell execs Python (same PID) after the check's wait for a probe and mid-way through the
+    # warm-up round: memray is first loaded before round 1 or 2, and the floors before it (a
+    # shell's, without the interpreter or memray) are no part of the growth line.
+    flat = program(tmp_path, "flat.py", FLAT)
+    out = check("--rounds", "3", "--round-seconds", "2", "--json", "--", "/bin/sh", "-c", f"sleep 4; exec {PY} {flat}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout)
+    late = [n for n in result["notes"] if "memray was first loaded" in n]
+    assert len(late) == 1 and "its probe showed late" in late[0], result["notes"]
+    first = comparable_from(result)
+    rounds = {r["round"]: r for r in result["rounds"]}
+    assert rounds[0]["memory"]["rss"]["floor"] < rounds[first]["memory"]["rss"]["floor"] - 10_000_000
+    assert all(rounds[n]["sites"] is not None for n in range(first, 4)), result["rounds"]
+    growth = next(c for c in result["criteria"] if c["name"] == "rss-growth")
+    assert growth["status"] == "pass" and abs(growth["figures"]["growth_per_round_bytes"]) < 1_000_000, growth
 
 
 CRASHES_IN_ROUND_2 = """

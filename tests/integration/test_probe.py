@@ -124,6 +124,22 @@ def test_socket_is_private_named_by_pid_idempotent_and_removed_when_stopped(runt
     assert probe.start() == path  # and it can start again
 
 
+def test_the_socket_shows_under_its_name_only_once_it_listens(runtime, monkeypatch):
+    # A client that connects to a socket bound but not yet listening is refused, and removes it
+    # as a dead probe's: the name must not exist before listen().
+    seen = []
+
+    class Watched(socket.socket):
+        def listen(self, *args):
+            seen.append(os.path.exists(runtime / f"probe-{os.getpid()}.sock"))
+            return super().listen(*args)
+
+    monkeypatch.setattr(probe.socket, "socket", Watched)
+    path = probe.start()
+    assert path and seen == [False]
+    assert probe_client.probe_path(os.getpid()) == path and sorted(os.listdir(runtime)) == [os.path.basename(path)]
+
+
 def test_a_folder_left_too_open_is_made_private(runtime):
     runtime.mkdir(mode=0o755)
     os.chmod(runtime, 0o755)
