@@ -837,8 +837,12 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
             z = min(z, z_score(seg[:-1], b_before))
             fast_enough = fast_enough and b_before >= th.rate_margin * needed
         # Growth made of one or two big jumps (bursts back to back, a staircase) is not a ramp yet.
+        # Floors further apart than usual (samples left out between them, while a tracker ran)
+        # rise further without jumping: the trend over the extra time is not counted as a jump.
         rise = seg[-1][1] - seg[0][1]
-        jumpy = max(v2 - v1 for (_, v1), (_, v2) in zip(seg, seg[1:])) > th.max_jump_share * rise
+        spacing = _median([t2 - t1 for (t1, _), (t2, _) in zip(seg, seg[1:])])
+        jumpy = max(v2 - v1 - max(b, 0.0) * max(0.0, t2 - t1 - spacing)
+                    for (t1, v1), (t2, v2) in zip(seg, seg[1:])) > th.max_jump_share * rise
         how = "steadily" if tau >= 0.8 else "mostly" if tau >= 0.5 else "unevenly"
         if jumpy:
             how = "in a few jumps"

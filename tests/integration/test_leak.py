@@ -129,6 +129,23 @@ def test_square_wave_buffers_over_a_flat_floor_are_a_sawtooth():
     assert (a.verdict, a.pattern) == ("no-leak", "sawtooth"), a.reason
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_leak_watched_around_a_gap_is_a_leak_not_a_few_jumps(seed):
+    # A diagnosis leaves out the samples taken while a tracker runs: 10 s with no samples in the
+    # middle of 30 s. The floor's rise across the gap is the trend's, not a jump.
+    times, values = series(30, sawtooth(3, 30 * MB, floor_rate=7.5 * MB), seed=seed, noise=1 * MB, every=0.5)
+    kept = [(t, v) for t, v in zip(times, values) if not 10 <= t < 20]
+    a = check(assess([t for t, _ in kept], [v for _, v in kept]))
+    assert (a.verdict, a.pattern) == ("leak", "steady-growth"), a.reason
+    assert a.growth_bytes_per_s == pytest.approx(7.5 * MB, rel=0.2)
+
+
+def test_a_staircase_of_two_jumps_is_not_a_steady_rise():
+    times, values = series(60, lambda t: 100 * MB * ((t >= 20) + (t >= 40)), seed=4, noise=1 * MB)
+    a = check(assess(times, values))
+    assert a.verdict != "leak", a.reason
+
+
 def test_sawtooth_whose_floor_rises_is_a_leak():
     a = check(assess(*series(1800, sawtooth(20, 300 * MB, floor_rate=0.5 * MB), seed=10, noise=2 * MB)))
     assert (a.verdict, a.pattern) == ("leak", "steady-growth"), a.reason
