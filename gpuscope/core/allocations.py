@@ -466,11 +466,13 @@ def rss_of(pid: int) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class SamplingCount:
-    """How many py-spy dumps the sampling rung took, and how many of them failed (torn)."""
+    """How many py-spy dumps the sampling rung took, how many of them failed (torn), and in how
+    many memory had grown while no thread was running (no stack to weigh)."""
 
     taken: int
     failed: int
     last_error: str = ""
+    grew_idle: int = 0
 
 
 def sample_growth(
@@ -493,7 +495,7 @@ def sample_growth(
     weighted: list[tuple[tuple[StackFrame, ...], float, int]] = []
     before = memory(pid)
     started = time.monotonic()
-    taken = failed = 0
+    taken = failed = grew_idle = 0
     last_error = ""
     while time.monotonic() - started < duration and not cancelled():
         tick = time.monotonic()
@@ -514,9 +516,11 @@ def sample_growth(
         if growth > 0 and stacks:
             for frames in stacks:
                 weighted.append((frames, growth / len(stacks), 1))
+        elif growth > 0:
+            grew_idle += 1
         progress(min(1.0, (time.monotonic() - started) / duration))
         time.sleep(max(0.0, interval - (time.monotonic() - tick)))
-    count = SamplingCount(taken, failed, last_error)
+    count = SamplingCount(taken, failed, last_error, grew_idle)
     if taken and failed * 2 > taken:
         raise pyspy.PySpyError(f"{failed} of {taken} stack dumps of process {pid} failed (last: {last_error})")
     return suspects_from_stacks(weighted, "stack-sampling", known_bytes=False), count
@@ -727,7 +731,9 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
         return done((), None, "none", held_over_time)
     torn = f"; {count.failed} of {count.taken} dumps failed and were skipped" if count.failed else ""
     if not found:
-        failed("stack-sampling", f"memory did not grow while sampling{torn}")
+        why = (f"memory grew only while no thread ran ({count.grew_idle} of {count.taken} dumps)" if count.grew_idle
+               else "memory did not grow while sampling")
+        failed("stack-sampling", f"{why}{torn}")
         return done((), None, "none", held_over_time)
     rungs.append(Rung("stack-sampling", "used", f"where the process was while its memory grew (low confidence){torn}"))
     return done(found, "stack-sampling", "low", held_over_time)

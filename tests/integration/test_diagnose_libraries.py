@@ -185,14 +185,14 @@ BATCHES = """
 import time
 def fill(batch):
     batch.append(b"x" * 5_000_000)  # touched: resident, unlike bytearray(n)
-    busy = time.monotonic() + 0.05
+    busy = time.monotonic() + 0.1  # running half the time: a stack dump catches it working
     while time.monotonic() < busy:
         pass
 print("ready", flush=True)
 while True:
     batch = []
     for _ in range(15):
-        fill(batch); time.sleep(0.15)
+        fill(batch); time.sleep(0.1)
     del batch
     time.sleep(0.5)
 """
