@@ -31,7 +31,7 @@ from gpuscope.core.session.retention import prune, sessions_dir
 
 QUEUE_LIMIT = 600
 MEMORY_KEEP_S = 3600.0  # an in-memory journal (--no-journal) keeps the last hour for `e`
-COMMIT_EVERY_S = 1.0
+WRITER_CACHE_KIB = 256  # SQLite page cache of the journal's writer
 
 
 class Journal:
@@ -51,6 +51,10 @@ class Journal:
         self._queue: queue.Queue = queue.Queue(QUEUE_LIMIT)
         self._conn = connect(path if path else ":memory:", create=True)
         initialise(self._conn, meta or session_meta("journal"), wal=path is not None)
+        if path is not None:
+            # The journal appends and never reads back: a small page cache is enough, and SQLite's
+            # default (2 MiB) would grow the console's memory for minutes as it fills.
+            self._conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
         self._last_trim = time.monotonic()
         self._thread = threading.Thread(target=self._write_loop, name="gpuscope-journal", daemon=True)
         self._closed = False
