@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from gpuscope.core.host import HostCollector, HostProcess
 from gpuscope.core.leak import VERDICTS, LeakAssessment, LeakThresholds, LeakWatch
-from gpuscope.core.model import Frame, TorchMemory
+from gpuscope.core.model import Frame, NvmlReading, TorchMemory
 from gpuscope.core.node import NodeSource
 from gpuscope.core.nvml import NvmlCollector
 from gpuscope.core.printable import printable
@@ -308,7 +308,7 @@ class _CountedNvml:
     def __init__(self, inner: NvmlCollector, health: ExporterHealth) -> None:
         self._inner, self._health = inner, health
 
-    def read(self):
+    def read(self) -> NvmlReading:
         try:
             return self._inner.read()
         except Exception:

@@ -34,7 +34,7 @@ from gpuscope.core.model import (
     TorchMemory,
 )
 from gpuscope.core.torch_memory import TorchMemoryCollector
-from gpuscope.core.nvml import NvmlCollector
+from gpuscope.core.nvml import NvmlCollector, NvmlReader
 from gpuscope.core.poller import Poller, Reading, pace
 from gpuscope.core.store import SeriesStore
 from gpuscope.core.units import format_bytes
@@ -96,7 +96,7 @@ class NodeSource:
         *,
         interval: float = 1.0,
         focus_pid: int | None = None,
-        nvml: NvmlCollector | None = None,
+        nvml: NvmlReader | None = None,
         host: HostCollector | None = None,
         allocator: TorchMemoryCollector | None = None,
         store: SeriesStore | None = None,
@@ -106,7 +106,7 @@ class NodeSource:
         watch: LeakWatch | None = None,
     ) -> None:
         self.interval = interval
-        self._nvml = nvml or NvmlCollector()
+        self._nvml: NvmlReader = nvml or NvmlCollector()
         self._host = host or HostCollector()
         self._allocator = allocator or TorchMemoryCollector()
         self._torch: dict[int, TorchMemory] = {}  # the latest allocator numbers, by PID

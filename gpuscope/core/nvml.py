@@ -10,7 +10,7 @@ which an empty list would hide).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Protocol
 
 from gpuscope.core.model import Device, GpuUse, NvmlReading
 from gpuscope.errors import GpuscopeError
@@ -30,6 +30,14 @@ class DeviceFailed(GpuscopeError):
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class NvmlReader(Protocol):
+    """What reads the GPUs for a source: `NvmlCollector`, or a wrapper around one."""
+
+    def read(self) -> NvmlReading: ...
+
+    def close(self) -> None: ...
 
 
 class NvmlCollector:

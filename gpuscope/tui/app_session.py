@@ -1,5 +1,5 @@
-"""The session a screen's console runs over, typed: screens reach it through `self.app`, which
-Textual types as a plain App."""
+"""What a screen reads of its console, typed: screens reach it through `self.app`, which Textual
+types as a plain App."""
 
 from __future__ import annotations
 
@@ -8,12 +8,18 @@ from typing import TYPE_CHECKING, Protocol, cast
 if TYPE_CHECKING:
     from textual.app import App
 
+    from gpuscope.core.leak import LeakThresholds
     from gpuscope.core.session.interface import Session
 
 
-class _ConsoleApp(Protocol):
+class ConsoleApp(Protocol):
     session: Session  # what the console shows: live or recorded
+    thresholds: LeakThresholds  # the settings' [alerts]
+
+
+def console_of(app: App) -> ConsoleApp:
+    return cast(ConsoleApp, app)
 
 
 def session_of(app: App) -> Session:
-    return cast(_ConsoleApp, app).session
+    return console_of(app).session

@@ -35,6 +35,7 @@ from gpuscope.core.evidence import VERDICT, evidence_lines
 from gpuscope.core.printable import printable
 from gpuscope.folders import exports_dir
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
+from gpuscope.tui.app_session import console_of, session_of
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
@@ -97,7 +98,7 @@ class WizardScreen(Screen[None]):
         follow_theme(self, self._use_palette)
         self.compute()
         self.query_one("#steps", OptionList).focus()
-        if self.app.session.can_attach:
+        if session_of(self.app).can_attach:
             self.find_probe()
         self.set_interval(1.0, self._tick)
 
@@ -120,10 +121,10 @@ class WizardScreen(Screen[None]):
 
     def _search_offer(self) -> str | None:
         """What `y` does here, with its cost, or None where nothing may be attached (a replay)."""
-        if not self.app.session.can_attach:
+        if not session_of(self.app).can_attach:
             return None
         seconds = f"{ATTRIBUTION_S:g} s"
-        if not self.app.session.can_inject:
+        if not session_of(self.app).can_inject:
             return f"y: find where the process was while memory grew (stack sampling, about {seconds})"
         way = "inside the service through its gpuscope probe" if self._probe else "memray attach"
         return f"y: find the code that keeps memory (memray {way}, about {seconds})"
@@ -161,16 +162,19 @@ class WizardScreen(Screen[None]):
     def compute(self, attribution=None) -> None:
         """Steps 1–6 from what the session has recorded; step 7 from `attribution` (a search just
         made) or the most informative one the session has."""
-        session = self.app.session
+        console = console_of(self.app)
+        session = console.session
         evidence = session.evidence(self.pid, HISTORY_S)
         if attribution is not None:
             evidence = replace(evidence, attribution=attribution)
         self.evidence = evidence
-        self.diagnosis, self._status = session.diagnose(self.pid, evidence, self.app.thresholds)
+        self.diagnosis, self._status = session.diagnose(self.pid, evidence, console.thresholds)
         self.render_steps()
 
     def render_steps(self) -> None:
         d = self.diagnosis
+        if d is None:
+            return
         steps = self.query_one("#steps", OptionList)
         highlighted = steps.highlighted if steps.highlighted is not None else self._first_interesting(d)
         steps.clear_options()
@@ -192,6 +196,8 @@ class WizardScreen(Screen[None]):
 
     def _show_title(self) -> None:
         d = self.diagnosis
+        if d is None:
+            return
         p = self.palette
         verdict_style = {"leak": f"bold {p.error}", "no-leak": f"bold {p.success}"}.get(d.verdict, f"bold {p.warning}")
         text = Text.assemble(
@@ -251,7 +257,7 @@ class WizardScreen(Screen[None]):
         offer = self._search_offer()
         if offer is not None:
             text.append(f"\n{offer}\n", style="bold")
-            if self.app.session.can_inject:
+            if session_of(self.app).can_inject:
                 text.append(f"{allocations.TRACKING_COST}.\na: other ways (stack sampling only, nothing runs inside)\n",
                             style="dim")
         else:
@@ -288,7 +294,7 @@ class WizardScreen(Screen[None]):
         """`y`: look for the allocation sites the way the screen offers (its cost is on screen)."""
         if self._refuse_search():
             return
-        self._start_search(self.app.session.can_inject)
+        self._start_search(session_of(self.app).can_inject)
 
     def action_allocations(self) -> None:
         """`a`: ask first how to look (memray, or stack sampling only)."""
@@ -299,12 +305,12 @@ class WizardScreen(Screen[None]):
             if choice is not None:
                 self._start_search(choice == "memray")
 
-        self.app.push_screen(ConfirmAttach(self.pid, inject=self.app.session.can_inject, probe=self._probe), chosen)
+        self.app.push_screen(ConfirmAttach(self.pid, inject=session_of(self.app).can_inject, probe=self._probe), chosen)
 
     def _refuse_search(self) -> bool:
         if self.working.is_set():
             return True
-        if not self.app.session.can_attach:
+        if not session_of(self.app).can_attach:
             self.app.notify("a replay shows the allocation sites that were recorded; nothing is attached", severity="warning")
             return True
         return False
@@ -336,7 +342,7 @@ class WizardScreen(Screen[None]):
         finally:
             self.working.clear()
         if not self.cancel.is_set():
-            self.app.session.record("allocations", result)  # kept even if the wizard closes now
+            session_of(self.app).record("allocations", result)  # kept even if the wizard closes now
             self.post_message(CodePathRead(result))
 
     def on_work_progress(self, message: WorkProgress) -> None:
@@ -369,12 +375,15 @@ class WizardScreen(Screen[None]):
             self.app.push_screen(AttributionScreen(att))
 
     def action_export(self) -> None:
+        d = self.diagnosis
+        if d is None:
+            return
         stamp = time.strftime("%Y%m%d-%H%M%S")
         try:
             folder = private_folder(exports_dir())  # ours alone: no other user's folder or link on the way
-            json_path = write_private(folder / f"diagnosis-{self.pid}-{stamp}.json", json.dumps(self.diagnosis.to_json(), indent=1),
+            json_path = write_private(folder / f"diagnosis-{self.pid}-{stamp}.json", json.dumps(d.to_json(), indent=1),
                                       replace=True)
-            write_private(folder / f"diagnosis-{self.pid}-{stamp}.md", self.diagnosis.to_text(), replace=True)
+            write_private(folder / f"diagnosis-{self.pid}-{stamp}.md", d.to_text(), replace=True)
         except OSError as exc:
             self.app.notify(f"export failed: {exc.strerror or exc}", severity="error")
             return
