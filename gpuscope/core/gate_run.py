@@ -390,8 +390,8 @@ class Tracking:
         return sites, None
 
 
-def prime_memray(memory: TreeMemory, primed: set[int], wait_s: float = 0.0) -> tuple[bool, list[str]]:
-    """Start and stop memray once in each probed process not tried yet (adding it to `primed`),
+def prime_memray(memory: TreeMemory, tried: set[int], wait_s: float = 0.0) -> tuple[bool, list[str]]:
+    """Start and stop memray once in each probed process not tried yet (adding it to `tried`),
     so that memray's own footprint predates the floors that are compared. Whether memray was
     loaded into one now, and what went wrong.
 
@@ -399,12 +399,12 @@ def prime_memray(memory: TreeMemory, primed: set[int], wait_s: float = 0.0) -> t
     deadline = time.monotonic() + wait_s
     while not any(probe_client.probe_path(p) for p in memory.pids()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    fresh = [p for p in memory.pids() if p not in primed and probe_client.probe_path(p)]
+    fresh = [p for p in memory.pids() if p not in tried and probe_client.probe_path(p)]
     if not fresh:
         return False, []
     tracking = Tracking(fresh, 0.1)
     _, problem = tracking.finish(30.0)
-    primed.update(fresh)
+    tried.update(fresh)
     return bool(tracking.answered_pids()), [problem] if problem and tracking.started else []
 
 
@@ -497,10 +497,10 @@ def drive(
     stopped: str | None = None
     stopped_by: str | None = None
     exit_status: int | None = None
-    primed: set[int] = set()
+    tried: set[int] = set()  # processes memray was loaded into (or failed to load into)
     comparable_from = 0
     if plan.memray:
-        notes += prime_memray(memory, primed, probe_wait_s)[1]
+        notes += prime_memray(memory, tried, probe_wait_s)[1]
     numbers = [n for n in range(1 - plan.warmup_rounds, plan.rounds + 1)]
     if plan.warmup_rounds == 0:
         rounds.append(_idle_reference(service, plan, memory))
@@ -516,7 +516,7 @@ def drive(
         if plan.memray:
             # A process whose probe showed only now (a late start, a worker forked later): memray
             # is first loaded there before this round, and earlier rounds' floors lack its memory.
-            loaded, problems = prime_memray(memory, primed)
+            loaded, problems = prime_memray(memory, tried)
             notes += [p for p in problems if p not in notes]
             if loaded and number > comparable_from:
                 comparable_from = number

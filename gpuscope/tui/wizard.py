@@ -34,8 +34,8 @@ from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidenc
 from gpuscope.core.evidence import VERDICT, evidence_lines
 from gpuscope.core.printable import printable
 from gpuscope.folders import exports_dir
-from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
 from gpuscope.tui.app_session import console_of, session_of
+from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
