@@ -296,7 +296,8 @@ def _tracked(reply: dict, pid: int, method: str, sees: str, *, growing: bool = F
     roots = pyspy.own_roots(pid)
     groups = [g for g in reply.get("records") or () if isinstance(g, dict) and not _probes_own(g)]
     times = tuple(float(t) for t in reply.get("times") or ())
-    rss = reply.get("rss") if isinstance(reply.get("rss"), dict) else {}
+    reported = reply.get("rss")
+    rss = reported if isinstance(reported, dict) else {}
     cost = {"rss_before": rss.get("before"), "rss_tracking": rss.get("tracking"), "rss_after": rss.get("after"),
             "seconds": reply.get("seconds"), "from": reply.get("from") or "the standard library", "sees": sees,
             "cut_short": bool(reply.get("cut_short")), "planned_s": planned}

@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -131,7 +132,7 @@ def _beside(folder: str, owners: set[int]) -> list[str]:
     """`<folder>-XXXXXXXX` folders of `owners`, where a probe goes when another user took `folder`
     first (folders of that name made by anyone else are passed over: they cannot crowd it out)."""
     parent, base = os.path.split(folder)
-    found = []
+    found: list[str] = []
     try:
         with os.scandir(parent) as entries:
             for seen, entry in enumerate(entries):
@@ -414,16 +415,18 @@ class ProbeClient:
         return self.request("stats")
 
     def history_start(self, max_entries: int | None = None) -> dict:
-        return self.request("history_start", **({} if max_entries is None else {"max_entries": max_entries}))
+        args: dict[str, Any] = {} if max_entries is None else {"max_entries": max_entries}
+        return self.request("history_start", **args)
 
     def history_stop(self) -> dict:
         return self.request("history_stop")
 
     def snapshot(self, limit: int | None = None, timeout: float = 120.0) -> dict:
-        return self.request("snapshot", timeout=timeout, **({} if limit is None else {"limit": limit}))
+        args: dict[str, Any] = {} if limit is None else {"limit": limit}
+        return self.request("snapshot", timeout=timeout, **args)
 
     def diff(self, before: int | None = None, after: int | None = None, limit: int | None = None) -> dict:
-        args = {k: v for k, v in (("before", before), ("after", after), ("limit", limit)) if v is not None}
+        args: dict[str, Any] = {k: v for k, v in (("before", before), ("after", after), ("limit", limit)) if v is not None}
         return self.request("diff", timeout=60.0, **args)
 
     def memray_track(self, seconds: float, *, limit: int | None = None, interval: float | None = None,
@@ -501,7 +504,7 @@ class ProbeWatch:
             self._probes = _list_in(folders, clean=True)
             now_ns = time.time_ns()
             self._racy = any(s is not None and now_ns - s[2] < self.RACY_S * 1e9 for s in self._stamps.values())
-        return self._probes
+        return self._probes or []
 
 
 def probe_for(pid: int, *, connect_timeout: float = CONNECT_TIMEOUT_S, timeout: float = REPLY_TIMEOUT_S) -> ProbeClient | None:

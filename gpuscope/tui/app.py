@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from functools import partial, wraps
 
 from textual import on, work
@@ -54,6 +54,7 @@ from gpuscope.tui.workspace import Workspace
 # Screens opened by a key are imported when first opened: the first frame does not wait for them.
 if TYPE_CHECKING:
     from gpuscope.core.serving import ServingSource
+    from gpuscope.core.serving_model import ServingSnapshot
     from gpuscope.tui.fleet import FleetView
 
 
@@ -62,7 +63,8 @@ HANGUP_GRACE_S = 2.0
 
 
 def textual_theme(spec: ThemeSpec) -> Theme:
-    return Theme(name=spec.name, dark=spec.dark, ansi=spec.ansi, variables=dict(spec.variables), **spec.colours)
+    colours: dict[str, Any] = dict(spec.colours)  # primary, secondary...: Theme's own keywords
+    return Theme(name=spec.name, dark=spec.dark, ansi=spec.ansi, variables=dict(spec.variables), **colours)
 
 
 def rich_colour(value: str) -> str:
@@ -468,8 +470,13 @@ class GpuScopeApp(ChangedCellsApp):
         # Back from Ctrl+Z: the terminal was someone else's meanwhile, so every cell is sent again
         # (panels otherwise resend only what changed).
         self.app_resume_signal.subscribe(self, lambda _: self._repaint_everything())
-        self.session.start(lambda frame: self.post_message(FrameReady(frame)),
-                           lambda snapshot: self.post_message(ServingReady(snapshot)))
+        def frame_ready(frame: Frame) -> None:
+            self.post_message(FrameReady(frame))
+
+        def serving_ready(snapshot: ServingSnapshot) -> None:
+            self.post_message(ServingReady(snapshot))
+
+        self.session.start(frame_ready, serving_ready)
         self._started = True
 
     def _repaint_everything(self) -> None:
