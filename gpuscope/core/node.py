@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess
 from gpuscope.core.target import is_python
@@ -270,7 +270,8 @@ class NodeSource:
         self._alerts = tuple(self._alert(a, snap) for a in self._watch.update())
 
     def _alert(self, alert: LeakAlert, snap: HostSnapshot) -> Alert:
-        kind, ident = alert.key[0], alert.key[1]
+        key = cast(tuple, alert.key)  # the keys `_record` feeds the watch
+        kind, ident = key[0], key[1]
         a = alert.assessment
         if kind == "device":
             device = next((d for d in self._nvml_reading.devices if d.index == ident), None)
@@ -280,7 +281,7 @@ class NodeSource:
             what = "GPU memory" if kind == "gpu" else "RSS"
             # Gone from the host: the console marks the alert `ended` ("(exited)"), the label need not.
             command = (proc.command[:48] + "…" if len(proc.command) > 48 else proc.command) if proc else ""
-            label, pid, index = " ".join(filter(None, (f"PID {ident}", command, f"({what})"))), ident, alert.key[3] if kind == "gpu" else None
+            label, pid, index = " ".join(filter(None, (f"PID {ident}", command, f"({what})"))), ident, key[3] if kind == "gpu" else None
         return Alert(kind, pid, index, label, alert.growth_bytes_per_s, a.since, a.time_to_full_s, a.confidence, a.reason,
                      ended=alert.ended)
 
@@ -330,7 +331,7 @@ class NodeSource:
         rows: list[ProcessRow] = []
         for p in snap.processes:
             rss_growth = self._growth(("rss", p.pid, p.create_time))
-            common = dict(
+            common: dict[str, Any] = dict(
                 pid=p.pid,
                 user=p.user,
                 rss_bytes=p.rss_bytes,
@@ -386,7 +387,7 @@ class NodeSource:
     def history(self, pid: int, seconds: float, now: float | None = None) -> MemorySeries | None:
         """What was recorded of `pid`'s memory over the last `seconds` (also once it has exited)."""
         now = self._clock() if now is None else now
-        starts = [k[2] for k in self.store.keys() if k[0] == "rss" and k[1] == pid]
+        starts = [k[2] for k in cast("list[tuple]", self.store.keys()) if k[0] == "rss" and k[1] == pid]
         if not starts:
             return None
         create_time = max(starts)  # the newest process to have had this PID
@@ -441,7 +442,7 @@ def evidence_of(
     mine = [r for r in rows if r.pid == pid and r.gpu is not None]
     device = None
     if mine:
-        index = max(mine, key=lambda r: r.gpu_memory_bytes or 0).gpu
+        index = cast(int, max(mine, key=lambda r: r.gpu_memory_bytes or 0).gpu)  # GPU rows only
         info = next((d for d in devices if d.index == index), None)
         dev_times, dev_used = device_history(index, seconds, now=now)
         device = DeviceEvidence(
@@ -452,7 +453,7 @@ def evidence_of(
         )
     focus = frame.focus if frame and frame.focus and frame.focus.pid == pid else None
     row = next((r for r in rows if r.pid == pid), None)
-    torch = {}
+    torch: dict[str, Any] = {}
     if series is not None and any(v is not None for v in series.allocated_bytes):
         torch = dict(allocated=Series(times, series.allocated_bytes), reserved=Series(times, series.reserved_bytes))
     return Evidence(
@@ -461,7 +462,7 @@ def evidence_of(
         command=focus.command if focus else (row.command if row else ""),
         duration_s=(times[-1] - times[0]) if len(times) > 1 else 0.0,
         rss=Series(times, series.rss_bytes if series else ()),
-        gpu=Series(times, series.gpu_bytes) if has_gpu else None,
+        gpu=Series(times, series.gpu_bytes) if has_gpu and series is not None else None,
         device=device,
         processes=rows,
         nvml_status=frame.nvml.status if frame else None,
