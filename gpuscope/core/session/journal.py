@@ -52,8 +52,8 @@ class Journal:
         self._conn = connect(path if path else ":memory:", create=True)
         initialise(self._conn, meta or session_meta("journal"), wal=path is not None)
         if path is not None:
-            # The journal appends and never reads back: a small page cache is enough, and SQLite's
-            # default (2 MiB) would grow the console's memory for minutes as it fills.
+            # The journal appends (only an export reads it back, once): a small page cache is
+            # enough, and SQLite's default (2 MiB) would grow the console's memory for minutes.
             self._conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
         self._last_trim = time.monotonic()
         self._thread = threading.Thread(target=self._write_loop, name="gpuscope-journal", daemon=True)
