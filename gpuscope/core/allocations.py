@@ -380,7 +380,8 @@ def _numbers(values: object, n: int) -> list[float | None] | None:
 
 def settled_of(progress: dict) -> Settled | None:
     """`tracking_settled` over a probe's `track_progress` reply (the process's data: checked)."""
-    times = _numbers(progress.get("times"), len(progress.get("times") or ()))
+    raw_times = progress.get("times")
+    times = _numbers(raw_times, len(raw_times)) if isinstance(raw_times, list) else None
     if not progress.get("tracking") or not times or any(t is None for t in times):
         return None
     n = len(times)

@@ -5,7 +5,8 @@ for a while, look for its allocation sites meanwhile, and hand the diagnosis eng
 (samples the memory trend can be judged on), allocation trackers then run for at most 40 % of
 it (`TRACK_FRACTION`, at most `TRACK_MAX_S`; sooner where what they see is clear: a site's held
 bytes rising steadily, or the memory in use flat or levelled off), and the rest is watched again
-after the tracker has stopped and given its memory back. A rung that fails hands what is left of the budget to the next.
+after the tracker has stopped and given its memory back. A rung that fails hands what is left of
+the budget to the next.
 The watch ends early when the process exits; what was gathered until then is diagnosed.
 
 Everything started here is stopped here (the node and serving sources, the attribution thread;
