@@ -48,6 +48,9 @@ TITLES = (
 DEGRADED = 1.25  # a latency this much above its level at the start of the window is degrading
 STAGE_DOMINATES = 0.5  # a stage other than the model's taking this share of the request time is a bottleneck
 INSTRUMENT_MARGIN_S = 0.5  # samples this close after a tracker stopped may still carry its memory
+# Memory that rises after a tracker at this share of its rate before it or more kept growing
+# through the tracker's window (a filled cache's stretch after it is flat).
+GROWTH_WENT_ON = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +207,11 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
 
     Samples inside a tracker's window (and `INSTRUMENT_MARGIN_S` after it) are left out and the
     two stretches joined end to end (the detector's floors need a series without a hole): the
-    later stretch moves back in time by the length of the hole, and down by what it stands
-    above the earlier stretch's trend (Theil-Sen over pairs of samples within one stretch)
-    carried on to it — the growth during the hole, which no uninstrumented sample saw, and what
-    the tracker left behind (its module, heap the allocator keeps). The latter is reported."""
+    later stretch moves back in time by the length of the hole, and down by what its start stands
+    above the earlier stretch's end carried on across the hole — the growth during the hole,
+    which no uninstrumented sample saw, and what the tracker left behind (its module, heap the
+    allocator keeps). The latter is reported. Each stretch's level at its edge is read from its
+    floors (Theil-Sen over pairs of samples within one stretch)."""
     if not windows:
         return series, {"memory_samples": "all samples (no tracker ran inside the process)"}
     start = min(w[0] for w in windows)
@@ -220,16 +224,27 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
         kept = pre + post
         return Series(tuple(t for t, _ in kept), tuple(v for _, v in kept)), note
     floors = [_floors_of(seg, min(4.0, (seg[-1][0] - seg[0][0]) / 3) or 1.0) for seg in (pre, post)]
-    # The trend carried across the hole: each stretch's floor slope; where they disagree in sign
-    # none is trusted, else the gentler (a stretch just after a tracker may still be settling).
     each = [theil_sen(seg) or 0.0 if len(seg) >= 2 else None for seg in floors]
-    known = [b for b in each if b is not None]
-    slope = 0.0 if not known or (len(known) == 2 and known[0] * known[1] <= 0) else min(known, key=abs)
     step = statistics.median(b[0] - a[0] for seg in (pre, post) for a, b in zip(seg, seg[1:]))
     hole = post[0][0] - pre[-1][0] - step
-    level = lambda i, shift=0.0: statistics.median(v - slope * (t - shift) for t, v in floors[i])  # noqa: E731
-    left = max(0.0, level(1) - level(0))  # above the trend line on the real clock: the tracker's
-    joined = max(0.0, level(1, hole) - level(0))  # above it once joined: the hole's growth too
+    before, after = each
+    if before is not None and after is not None and before * after > 0 \
+            and abs(after) >= GROWTH_WENT_ON * abs(before):
+        # The memory kept changing after the tracker as before it (if slower: a leak whose work
+        # slows as what it keeps grows): each stretch's own trend read at its edge, the hole's at
+        # the mean of the two.
+        own, slope = [before, after], (before + after) / 2
+    else:
+        # One stretch flat, or they disagree: a cache that filled, a tracker's heap settling. The
+        # gentler slope through both (none where they disagree in sign) carries over the hole,
+        # so a cache that filled is never carried on as growth.
+        known = [b for b in each if b is not None]
+        slope = 0.0 if not known or (len(known) == 2 and known[0] * known[1] <= 0) else min(known, key=abs)
+        own = [slope, slope]
+    edge = [statistics.median(v - own[i] * t for t, v in floors[i]) + own[i] * at
+            for i, at in ((0, pre[-1][0]), (1, post[0][0]))]
+    left = max(0.0, edge[1] - edge[0] - slope * (hole + step))  # above the trend on the real clock: the tracker's
+    joined = max(0.0, edge[1] - edge[0] - slope * step)  # above it once joined: the hole's growth too
     note["tracker_left_bytes"] = int(left)
     note["joined"] = (pre[-1][0], hole)  # later than this on the joined clock: `hole` seconds later really
     if int(left) > 0:

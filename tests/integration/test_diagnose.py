@@ -344,6 +344,37 @@ def test_a_sawtooth_whose_allocator_the_tracker_changed_is_still_a_sawtooth():
     assert patterns.count("sawtooth") >= len(patterns) // 3, patterns  # else flat or a settled step
 
 
+def test_a_leak_that_slows_as_it_grows_is_joined_where_it_left_off():
+    """Recorded (MB, twice a second) from a FAISS service that adds every query to its index: its
+    searches slow as the index grows, so the RSS rose 14 MB/s before the tracker and 8 MB/s after
+    it. Carried on at the gentler slope, the later stretch lands tens of MB below where the first
+    left off, and the floors read as a few jumps; each stretch's own trend, read at its edge,
+    joins it where it left off. The single-sample spikes are the index's buffer copied on growth."""
+    times = [-30.01, -29.5, -29.01, -28.51, -28.0, -27.5, -27.0, -26.5, -26.0, -25.5, -24.99, -24.49, -23.99,
+             -23.49, -22.99, -22.48, -21.97, -21.45, -20.97, -20.45, -19.96, -19.23, -18.73, -18.22, -17.72, -17.22,
+             -16.71, -16.21, -15.71, -15.21, -14.7, -14.2, -13.7, -13.2, -12.19, -10.06, -9.55, -9.05, -8.55, -8.05,
+             -7.54, -7.03, -6.52, -6.04, -5.53, -5.03, -4.53, -4.03, -3.53, -3.02, -2.51, -2.01, -1.51, -1.01, -0.5, 0.0]
+    mb = [61.0, 67.1, 75.6, 83.9, 92.1, 98.4, 106.7, 112.9, 179.1, 127.4, 133.7, 140.0, 146.2, 154.5, 160.7, 167.0,
+          175.4, 181.5, 188.5, 196.2, 200.5, 208.7, 215.0, 221.2, 225.4, 231.7, 237.8, 242.0, 248.3, 252.5, 256.7,
+          262.9, 267.1, 271.1, 281.7, 300.5, 306.8, 310.8, 315.3, 321.2, 325.4, 445.3, 331.6, 333.7, 337.9, 342.1,
+          346.3, 350.3, 354.5, 358.7, 362.8, 367.0, 371.2, 375.4, 379.6, 383.6]
+    series = Series(tuple(times), tuple(v * 1e6 for v in mb))
+    for start, end in ((-20.97, -8.63), (-22.0, -9.5), (-20.0, -7.0)):  # as recorded, and earlier and later
+        joined, note = uninstrumented(series, ((start, end),))
+        a = assess(joined.times, joined.values)
+        assert a.verdict == "leak" and a.pattern == "steady-growth", (start, end, a)
+        assert 8e6 < a.growth_bytes_per_s < 15e6, a
+        assert note["tracker_left_bytes"] < 20e6, note  # nothing of the slowdown is said to be the tracker's
+
+
+def test_a_cache_that_fills_into_the_tracking_and_stays_full_is_never_carried_on_as_growth():
+    """A cache filling at 10 MB/s until some moment in or before the tracker's window, then full:
+    the stretch after the tracker is flat, so nothing of the earlier rise is carried across."""
+    for full_at in (-26.0, -23.0, -20.0, -15.0, -9.0):
+        a, _ = _judged(lambda t: 50e6 + 10e6 * (min(t, full_at) + 30))
+        assert a.verdict != "leak", (full_at, a)
+
+
 # -- a tracker stops once what it sees is clear ---------------------------------------------------
 
 from gpuscope.core import probe_client  # noqa: E402
