@@ -184,12 +184,21 @@ def test_rows_that_move_up_or_down_are_scrolled_and_leave_the_same_screen():
 
 
 def recorded(app: GpuScopeApp, width: int, height: int) -> GpuScopeApp:
-    """The console, each of its terminal updates rendered both ways (Pilot writes no bytes)."""
+    """The console, each of its terminal updates rendered both ways (Pilot writes no bytes); after
+    each, the terminal shows what a full render of the screen would."""
     terminals = TwoTerminals(width, height, app.terminal_cells)
 
     def display(screen, renderable) -> None:
         if isinstance(renderable, (ChopsUpdate, LayoutUpdate)):
             terminals.feed(renderable, app.console)
+            size = screen._compositor.size
+            full = pyte.Screen(size.width, size.height)
+            stream = pyte.Stream(full)
+            stream.feed(NO_AUTOWRAP)
+            stream.feed(LayoutUpdate([[strip] for strip in screen._compositor.render_strips()], size.region)
+                        .render_segments(app.console))
+            assert TwoTerminals.screen(full) == TwoTerminals.screen(terminals.whole), \
+                f"the terminal is not what a full render shows after update {terminals.updates}"
 
     app._display = display
     app.terminals = terminals
