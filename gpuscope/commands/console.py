@@ -7,6 +7,8 @@ Light to import: the TUI (Textual) is imported only once it is certain a console
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -57,7 +59,9 @@ def fleet_view(settings: Settings, serving: Any) -> Any:
 def run_console(settings: Settings, source: Any, serving: Any, *, pid: int | None,
                 cleanups: Sequence[Callable[[], object]] = (), fleet: Any = None) -> int:
     """Run the live console over `source` (and `serving`), recording the session to its journal."""
+    skeleton = paint_skeleton()
     source.prefetch()  # the first frame is read while the console is imported and built
+    app = None
     try:
         from gpuscope.core.session.live import LiveSession
 
@@ -71,9 +75,38 @@ def run_console(settings: Settings, source: Any, serving: Any, *, pid: int | Non
             journal.close()
     finally:
         source.stop()
+        if skeleton and (app is None or not app.took_terminal):
+            leave_skeleton()  # the console never started: what it says next goes to the shell's screen
     if journal.path is not None:
         print(f"gpuscope: session recorded in {journal.path} (gpuscope replay FILE, gpuscope report FILE)", file=sys.stderr)
     return app.return_code or 0
+
+
+# Python and Textual take a few hundred ms to import and lay out the console (longer on a loaded
+# node). Meanwhile the operator sees its title bar rather than nothing, on the alternate screen
+# the console then takes over, in the same place.
+SKELETON = "\x1b[?1049h\x1b[?25l\x1b[2J\x1b[H\x1b[7m{title}\x1b[0m\x1b[3;2H{status}"
+LEAVE_SKELETON = "\x1b[2J\x1b[?25h\x1b[?1049l"
+
+
+def paint_skeleton() -> bool:
+    """Show the console's title bar at once (the terminal is a TTY: `terminal_check` said so)."""
+    try:
+        width, _ = os.get_terminal_size(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return False
+    from gpuscope import __version__
+    from gpuscope.core.printable import printable
+
+    title = f" gpuscope {__version__} · {printable(socket.gethostname())}"
+    sys.stdout.write(SKELETON.format(title=title[:width].ljust(width), status="starting…"[:max(0, width - 2)]))
+    sys.stdout.flush()
+    return True
+
+
+def leave_skeleton() -> None:
+    sys.stdout.write(LEAVE_SKELETON)
+    sys.stdout.flush()
 
 
 def open_journal(settings: Settings, *, pid: int | None) -> Journal:

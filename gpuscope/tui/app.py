@@ -487,6 +487,12 @@ class GpuScopeApp(ChangedCellsApp):
         """Notifications quote file names and error texts: never markup, always printable."""
         super().notify(printable(message, newlines=True), title=printable(title), markup=markup, **kwargs)
 
+    @property
+    def took_terminal(self) -> bool:
+        """Whether the console took the terminal over (its driver started): leaving, it gives the
+        terminal back itself."""
+        return self._driver is not None
+
     def add_cleanup(self, cleanup: Callable[[], object]) -> None:
         """Something that must happen when the console ends, even if the terminal is lost."""
         self._cleanups.append(cleanup)

@@ -52,6 +52,21 @@ def test_no_such_pid_in_a_terminal_is_one_line(tmux_session, spawn_python):
     assert lines == [f"gpuscope: no process with PID {child.pid}; list running ones with 'gpuscope ps'", "[exit 1]"]
 
 
+def test_the_shell_gets_its_screen_back_after_the_console(tmux_session, spawn_python):
+    """The console's title bar is painted before Python lays the console out, on the alternate
+    screen the console then takes over; once it quits, the shell's own screen is back as it was."""
+    child = spawn_python(LEAKER)
+    line = shlex.join(gpuscope_cmd() + ["--pid", str(child.pid)])
+    tmux = tmux_session(["sh", "-c", f'echo "[before]"; {line}; echo "[exit $?]"; sleep 20'], size=(100, 30))
+    wait_until(lambda: any(ln.startswith(" HOST") for ln in tmux.screen().splitlines()), timeout=30,
+               what="the console's host line")
+    tmux.keys("q")
+    screen = wait_until(lambda: "[exit" in tmux.screen() and tmux.screen(), timeout=20, what="gpuscope to exit")
+    lines = [ln for ln in screen.splitlines() if ln.strip()]
+    assert lines[0] == "[before]" and lines[-1] == "[exit 0]", lines
+    assert not any("starting…" in ln or ln.startswith(" gpuscope ") for ln in lines), lines
+
+
 def demo_children(pane_pid: int) -> list[psutil.Process]:
     try:
         kids = psutil.Process(pane_pid).children(recursive=True)
