@@ -34,9 +34,7 @@ from gpuscope.core.printable import printable
 from gpuscope.core.settings import SloConfig
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.session.format import describe
-from gpuscope.core.session.interface import Session, Source
-from gpuscope.core.session.journal import Journal
-from gpuscope.core.session.live import LiveSession
+from gpuscope.core.session.interface import Session
 from gpuscope import theme_files
 from gpuscope.theme_files import DEFAULT_THEME, VARIABLE_DEFAULTS, ThemeSpec, load_themes
 from gpuscope.tui.alerts import AlertBar, AlertListScreen
@@ -53,7 +51,6 @@ from gpuscope.tui.workspace import Workspace
 
 # Screens opened by a key are imported when first opened: the first frame does not wait for them.
 if TYPE_CHECKING:
-    from gpuscope.core.serving import ServingSource
     from gpuscope.core.serving_model import ServingSnapshot
     from gpuscope.tui.fleet import FleetView
 
@@ -145,12 +142,10 @@ class GpuScopeApp(ChangedCellsApp):
 
     def __init__(
         self,
-        session: Session | Source,
+        session: Session,
         *,
         theme: str | None = None,
-        serving: ServingSource | None = None,
         slo: SloConfig | None = None,
-        journal: Journal | None = None,
         thresholds: LeakThresholds | None = None,
         fleet: FleetView | None = None,
     ) -> None:
@@ -159,9 +154,7 @@ class GpuScopeApp(ChangedCellsApp):
         self.thresholds = thresholds or LeakThresholds()  # the settings' [alerts], for the wizard too
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over a slow link every animation frame is bytes on the wire
-        if not isinstance(session, Session):  # a live source: sampled, with its service, into the journal
-            session = LiveSession(session, serving=serving, journal=journal)
-        self.session: Session = session
+        self.session = session
         self.slo = slo
         self._theme_name = theme or DEFAULT_THEME
         self.frame: Frame | None = None

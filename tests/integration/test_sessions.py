@@ -23,7 +23,7 @@ from gpuscope.core.stacks import OWN, StackDump, StackFrame, Suspect, ThreadStac
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.processes import ProcessTable
 
-from frames import T0, FakeSource, frame
+from frames import T0, FakeSource, frame, live
 from helpers import gpuscope_cmd
 
 FOUND = Attribution(
@@ -159,7 +159,7 @@ async def test_holding_down_over_the_table_records_no_extra_frames(tmp_path):
     host = Host()
     node = NodeSource(interval=3600.0, nvml=Nvml(), host=host, allocator=Allocator())  # one sample, at start
     journal = Journal(None)
-    app = GpuScopeApp(node, journal=journal)
+    app = GpuScopeApp(live(node, journal=journal))
     async with app.run_test(size=(120, 40)) as pilot:
         deadline = time.monotonic() + 20
         while app.frame is None or len(app.frame.processes) < 12:

@@ -7,7 +7,7 @@ import os
 import tempfile
 import time
 
-from frames import GIB, FakeSource, frame
+from frames import GIB, FakeSource, frame, live
 from gpuscope.core import probe_client
 from gpuscope.core.diagnosis import diagnose
 from gpuscope.core.session.journal import Journal
@@ -71,7 +71,7 @@ def test_a_growing_cache_is_not_called_a_leak(spawn_python, fake_nvml):
 async def test_the_console_shows_allocated_reserved_and_the_rest():
     # NVML: 61 GiB for PID 4242; PyTorch: 50 allocated, 58 reserved -> 3 GiB are the context and others.
     torch = TorchMemory(4242, 50 * GIB, 58 * GIB)
-    app = GpuScopeApp(FakeSource(frame(torch=(torch,))))
+    app = GpuScopeApp(live(FakeSource(frame(torch=(torch,)))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.2)
         text = app.query_one(ProcessPanel).text.plain

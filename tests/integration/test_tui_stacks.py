@@ -8,7 +8,7 @@ from textual.widgets import Tree
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 
-from frames import FakeSource, frame, rows
+from frames import FakeSource, frame, live, rows
 from test_stacks import BUSY
 
 
@@ -37,7 +37,7 @@ async def wait_for(pilot, condition, timeout=30.0):
 
 async def test_d_dumps_the_selected_process_and_esc_closes(spawn_python):
     child = spawn_python(BUSY)
-    app = GpuScopeApp(FakeSource(frame_with(child.pid)))
+    app = GpuScopeApp(live(FakeSource(frame_with(child.pid))))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         await pilot.press("d")
@@ -52,7 +52,7 @@ async def test_d_dumps_the_selected_process_and_esc_closes(spawn_python):
 async def test_capital_s_samples_into_a_tree_of_hot_paths(spawn_python, monkeypatch):
     child = spawn_python(BUSY)
     monkeypatch.setattr("gpuscope.tui.stacks.SAMPLE_SECONDS", 1.0)
-    app = GpuScopeApp(FakeSource(frame_with(child.pid)))
+    app = GpuScopeApp(live(FakeSource(frame_with(child.pid))))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         await pilot.press("S")
@@ -66,7 +66,7 @@ async def test_a_asks_first_and_sampling_only_never_attaches(spawn_python, monke
     monkeypatch.setattr("gpuscope.tui.stacks.ATTRIBUTION_SECONDS", 1.0)
     attached = []
     monkeypatch.setattr("gpuscope.core.allocations.memray_suspects", lambda *a, **k: attached.append(a))
-    app = GpuScopeApp(FakeSource(frame_with(child.pid)))
+    app = GpuScopeApp(live(FakeSource(frame_with(child.pid))))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         await pilot.press("a")

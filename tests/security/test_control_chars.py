@@ -31,7 +31,7 @@ from gpuscope.tui.processes import ProcessTable
 from gpuscope.tui.stacks import DumpScreen
 
 from conftest import SYSTEM_PYTHON
-from frames import FakeServing, FakeSource, frame, rows
+from frames import FakeServing, FakeSource, frame, live, rows
 from helpers import ROOT, fake_nvml_env, gpuscope_cmd, wait_until
 
 OSC_TITLE = "\x1b]0;pwned\x07"
@@ -147,7 +147,7 @@ def assert_inert(painted: str) -> None:
 async def test_the_console_shows_a_live_hostile_process_inert(hostile, fake_nvml):
     proc, _ = hostile
     source = NodeSource(interval=0.2, focus_pid=proc.pid)
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(200, 50)) as pilot:
         for _ in range(300):  # up to 30 s on a loaded machine
             await pilot.pause(0.1)
@@ -178,7 +178,7 @@ async def test_the_console_over_crafted_frames_shows_every_field_inert():
     serving = ServingSnapshot(time=f.time, source="scrape", target=f"http://h{OSC_TITLE}/metrics", profile="rag",
                               window_s=30.0, signals=Signals(), stages=(StageStats(f"stage{CLEAR}", 0.1, 0.2, 0.3, 1.0),),
                               state=f"http://h answered HTTP 500 {OSC_TITLE}{CLEAR}")
-    app = GpuScopeApp(FakeSource(f), serving=FakeServing(serving))
+    app = GpuScopeApp(live(FakeSource(f), serving=FakeServing(serving)))
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.pause()
         painted = terminal_output(app)

@@ -379,13 +379,13 @@ def test_a_console_crash_shows_no_local_variables(tmp_path):
     script.write_text(
         "import sys\n"
         f"sys.path[:0] = [{str(SUPPORT)!r}]\n"
-        "from frames import FakeSource, frame\n"
+        "from frames import FakeSource, frame, live\n"
         "from gpuscope.tui.app import GpuScopeApp\n"
         "class Crashing(FakeSource):\n"
         "    def start(self, on_frame, on_sample=None):\n"
         "        hostile = '-'.join(['HOSTILE', 'LOCAL'])\n"
         "        raise RuntimeError('the source broke')\n"
-        "GpuScopeApp(Crashing(frame())).run(headless=True)\n"
+        "GpuScopeApp(live(Crashing(frame()))).run(headless=True)\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert "the source broke" in done.stderr and "HOSTILE-LOCAL" not in done.stderr, done.stderr

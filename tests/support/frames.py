@@ -112,6 +112,13 @@ class FakeSource:
         return self._evidence or leaking_evidence(pid)
 
 
+def live(source, *, serving=None, journal=None):
+    """A live session over `source` (what the console is given), as `gpuscope` builds one."""
+    from gpuscope.core.session.live import LiveSession
+
+    return LiveSession(source, serving=serving, journal=journal)
+
+
 def session_frames(n: int):
     """Frames as a node produces them: RSS creeping, a process leaving and coming back, one appearing."""
     base = replace(frame(), chart=None, focus=None)

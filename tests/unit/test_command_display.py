@@ -12,7 +12,7 @@ from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.processes import ProcessTable
 from gpuscope.tui.textlines import TextLines
 
-from frames import FakeSource, frame, rows
+from frames import FakeSource, frame, live, rows
 
 
 @pytest.mark.parametrize(("command", "shown"), [
@@ -42,7 +42,7 @@ def test_one_line_whatever_the_command_line_holds_and_secrets_stay_masked():
 async def test_each_pid_shows_its_own_command_on_its_own_row_when_a_command_holds_newlines():
     changed = list(rows())
     changed[0] = replace(changed[0], command="python -m evil\nEVIL 4243\n\n\n")
-    app = GpuScopeApp(FakeSource(frame(processes=tuple(changed))))
+    app = GpuScopeApp(live(FakeSource(frame(processes=tuple(changed)))))
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.pause()
         table = app.query_one(ProcessTable)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from textual.widgets import OptionList
 
-from frames import T0, FakeSource, frame, rows
+from frames import T0, FakeSource, frame, live, rows
 from gpuscope.core.attribution import Attribution, Rung, Site
 from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series, diagnose
 from gpuscope.core.evidence import VERDICT, evidence_lines
@@ -139,7 +139,7 @@ async def test_the_wizard_and_the_report_show_the_same_evidence_lines(tmp_path, 
 
     monkeypatch.setattr(wizard, "time", types.SimpleNamespace(time=lambda: NOW, monotonic=time.monotonic,
                                                               strftime=time.strftime))
-    app = GpuScopeApp(FakeSource(frame(), evidence=rich_evidence()))
+    app = GpuScopeApp(live(FakeSource(frame(), evidence=rich_evidence())))
     panels: dict[int, str] = {}
     async with app.run_test(size=(160, 60)) as pilot:
         await pilot.pause()

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from frames import T0, frame, session_frames
+from frames import T0, frame, live, session_frames
 from gpuscope.core.model import ProcessRow
 from gpuscope.core.diagnosis import diagnose
 from gpuscope.core.session.format import session_meta
@@ -202,7 +202,7 @@ async def test_the_console_over_a_replay(tmp_path, monkeypatch):
 async def test_the_replay_keys_are_only_in_a_replay():
     from frames import FakeSource, frame
 
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.1)
         assert not app.query_one(Timeline).display
@@ -216,7 +216,7 @@ async def test_an_export_that_fails_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     journal = Journal(None)
     journal.close()  # the journal cannot take the export any more
-    app = GpuScopeApp(FakeSource(frame()), journal=journal)
+    app = GpuScopeApp(live(FakeSource(frame()), journal=journal))
     monkeypatch.setattr(GpuScopeApp, "call_from_thread", lambda *a, **k: (_ for _ in ()).throw(AssertionError("waited on the UI")))
     said = []
     async with app.run_test(size=(120, 40)) as pilot:

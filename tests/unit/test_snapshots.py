@@ -9,7 +9,7 @@ from gpuscope.tui.app import GpuScopeApp
 
 from gpuscope.core.model import Alert
 
-from frames import T0, FakeSource, frame, no_nvml_frame
+from frames import T0, FakeSource, frame, live, no_nvml_frame
 
 
 @pytest.fixture(autouse=True)
@@ -23,16 +23,16 @@ def utc(monkeypatch):
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])
 def test_gpu_node(snap_compare, size):
-    assert snap_compare(GpuScopeApp(FakeSource(frame())), terminal_size=size)
+    assert snap_compare(GpuScopeApp(live(FakeSource(frame()))), terminal_size=size)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])
 def test_node_without_nvml(snap_compare, size):
-    assert snap_compare(GpuScopeApp(FakeSource(no_nvml_frame())), terminal_size=size)
+    assert snap_compare(GpuScopeApp(live(FakeSource(no_nvml_frame()))), terminal_size=size)
 
 
 def test_help_screen(snap_compare):
-    assert snap_compare(GpuScopeApp(FakeSource(frame())), press=["question_mark"], terminal_size=(80, 24))
+    assert snap_compare(GpuScopeApp(live(FakeSource(frame()))), press=["question_mark"], terminal_size=(80, 24))
 
 
 def leaking_frame():
@@ -44,4 +44,4 @@ def leaking_frame():
 @pytest.mark.parametrize("theme", ["gpuscope-dark", "gpuscope-light"])
 @pytest.mark.parametrize("size", [(80, 24), (160, 50)])
 def test_main_screen_in_two_themes(snap_compare, size, theme):
-    assert snap_compare(GpuScopeApp(FakeSource(leaking_frame()), theme=theme), terminal_size=size)
+    assert snap_compare(GpuScopeApp(live(FakeSource(leaking_frame())), theme=theme), terminal_size=size)

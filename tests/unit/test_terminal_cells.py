@@ -17,7 +17,7 @@ from gpuscope.core.model import ProcessRow
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.terminal_cells import TerminalCells
 
-from frames import GIB, FakeSource, frame, rows
+from frames import GIB, FakeSource, frame, live, rows
 
 NO_AUTOWRAP = "\x1b[?7l"  # as Textual sets the terminal up
 
@@ -219,7 +219,7 @@ def node(i: int):
 
 async def test_the_console_sends_fewer_bytes_for_the_same_screen():
     source = FakeSource(node(0))
-    app = recorded(GpuScopeApp(source), 120, 40)
+    app = recorded(GpuScopeApp(live(source)), 120, 40)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         start = (app.terminals.bytes_whole, app.terminals.bytes_diffed)

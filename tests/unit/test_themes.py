@@ -10,7 +10,7 @@ from gpuscope import theme_files
 from gpuscope.theme_files import ANSI_NAMES, ThemeFileError, load_theme_file, load_themes
 from gpuscope.tui.app import GpuScopeApp
 
-from frames import FakeSource, frame
+from frames import FakeSource, frame, live
 
 BUILT_IN = ["gpuscope-ansi", "gpuscope-dark", "gpuscope-high-contrast", "gpuscope-light"]
 
@@ -64,7 +64,7 @@ def test_user_themes_come_from_the_xdg_config_folder_and_broken_ones_are_skipped
 
 async def test_a_broken_theme_is_reported_once_in_a_notification_and_the_console_runs():
     (user_themes() / "broken.toml").write_text("primary = 'nope'\n")
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         notes = [n for n in app._notifications if "broken.toml" in n.message]
@@ -73,7 +73,7 @@ async def test_a_broken_theme_is_reported_once_in_a_notification_and_the_console
 
 
 async def test_t_cycles_the_themes_and_the_choice_is_remembered():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         seen = [app.theme]
@@ -88,7 +88,7 @@ async def test_t_cycles_the_themes_and_the_choice_is_remembered():
 
 
 async def test_the_palette_offers_each_theme_instead_of_textuals_picker():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         titles = [c.title for c in app.get_system_commands(app.screen)]
@@ -97,7 +97,7 @@ async def test_the_palette_offers_each_theme_instead_of_textuals_picker():
 
 
 async def test_growth_keeps_its_arrow_and_takes_its_colour_from_the_theme():
-    app = GpuScopeApp(FakeSource(frame()), theme="gpuscope-ansi")
+    app = GpuScopeApp(live(FakeSource(frame())), theme="gpuscope-ansi")
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         table = app.query_one("ProcessTable")
@@ -108,7 +108,7 @@ async def test_growth_keeps_its_arrow_and_takes_its_colour_from_the_theme():
 
 async def test_no_color_removes_colour_instead_of_turning_it_grey(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         filters = app.get_line_filters()
@@ -118,10 +118,10 @@ async def test_no_color_removes_colour_instead_of_turning_it_grey(monkeypatch):
 
 
 async def test_no_animations_unless_asked_for(monkeypatch):
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     assert app.animation_level == "none"
     monkeypatch.setenv("TEXTUAL_ANIMATIONS", "full")
-    assert GpuScopeApp(FakeSource(frame())).animation_level != "none"
+    assert GpuScopeApp(live(FakeSource(frame()))).animation_level != "none"
 
 
 def drawn_colours(strips, chars=None) -> set[str]:
@@ -139,7 +139,7 @@ async def test_switching_theme_recolours_the_chart_lines_the_growth_column_and_t
     """The app's theme is set directly (no hook of the app's own): each widget follows it by itself."""
     spec = load_themes()[0][theme]
     dark = load_themes()[0]["gpuscope-dark"]
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         from gpuscope.tui.chart import MemoryChart
@@ -170,7 +170,7 @@ async def test_the_wizard_marks_its_steps_in_the_theme_s_colours():
     from gpuscope.tui.palette import palette_of
     from gpuscope.tui.wizard import WizardScreen
 
-    app = GpuScopeApp(FakeSource(frame()), theme="gpuscope-ansi")
+    app = GpuScopeApp(live(FakeSource(frame())), theme="gpuscope-ansi")
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("w")

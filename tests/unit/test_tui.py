@@ -14,7 +14,7 @@ from gpuscope.tui.help import HelpScreen
 from gpuscope.tui.processes import ProcessTable
 from gpuscope.tui.textlines import TextLines
 
-from frames import FakeSource, frame, no_nvml_frame, rows
+from frames import FakeSource, frame, live, no_nvml_frame, rows
 from frames import chart as chart_series
 
 
@@ -27,7 +27,7 @@ def cell(app, key: str, column: str) -> str:
 
 
 async def test_frames_fill_devices_table_and_detail():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         devices = app.query_one(DevicesPanel).plain
@@ -43,7 +43,7 @@ async def test_frames_fill_devices_table_and_detail():
 
 
 async def test_without_nvml_one_line_says_so_and_host_memory_carries_on():
-    app = GpuScopeApp(FakeSource(no_nvml_frame()))
+    app = GpuScopeApp(live(FakeSource(no_nvml_frame())))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         devices = app.query_one(DevicesPanel).plain
@@ -56,7 +56,7 @@ async def test_without_nvml_one_line_says_so_and_host_memory_carries_on():
 async def test_device_errors_and_notices_are_shown_with_a_symbol():
     lost = replace(frame().nvml.devices[1], error="GPU is lost: it fell off the bus", memory_used=None)
     f = frame(nvml=replace(frame().nvml, devices=(frame().nvml.devices[0], lost)), notices=("2 GPU process(es) ...",))
-    app = GpuScopeApp(FakeSource(f))
+    app = GpuScopeApp(live(FakeSource(f)))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         devices = app.query_one(DevicesPanel).plain
@@ -64,7 +64,7 @@ async def test_device_errors_and_notices_are_shown_with_a_symbol():
 
 
 async def test_sorting_keys_reorder_and_the_cursor_follows_the_process():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         table = app.query_one(ProcessTable)
@@ -84,7 +84,7 @@ async def test_sorting_keys_reorder_and_the_cursor_follows_the_process():
 
 async def test_a_changed_number_repaints_only_its_cells():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         table = app.query_one(ProcessTable)
@@ -114,7 +114,7 @@ async def test_a_changed_number_repaints_only_its_cells():
 
 
 async def test_filter_by_command_user_or_pid_and_escape_clears_it():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("slash")
@@ -130,7 +130,7 @@ async def test_filter_by_command_user_or_pid_and_escape_clears_it():
 
 async def test_moving_selects_and_enter_attaches_x_detaches():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("down", "down")
@@ -143,7 +143,7 @@ async def test_moving_selects_and_enter_attaches_x_detaches():
 
 async def test_help_opens_and_closes_and_q_quits():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         await pilot.press("question_mark")
@@ -157,7 +157,7 @@ async def test_help_opens_and_closes_and_q_quits():
 
 async def test_ctrl_c_quits_even_from_the_filter_box():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         await pilot.press("slash", "ctrl+c")
@@ -165,7 +165,7 @@ async def test_ctrl_c_quits_even_from_the_filter_box():
 
 
 async def test_chart_plots_gpu_and_rss_against_the_time_of_day():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         chart = app.query_one(MemoryChart)
@@ -185,7 +185,7 @@ def moved_on(series: MemorySeries, seconds: float, grow: float) -> MemorySeries:
 
 
 async def test_the_chart_axes_stand_still_while_the_data_fits():
-    app = GpuScopeApp(FakeSource(frame(chart=None)))
+    app = GpuScopeApp(live(FakeSource(frame(chart=None))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         chart = app.query_one(MemoryChart)
@@ -211,7 +211,7 @@ async def test_the_chart_axes_stand_still_while_the_data_fits():
 
 async def test_every_action_is_in_the_command_palette():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         titles = {c.title: c for c in app.get_system_commands(app.screen)}
@@ -226,7 +226,7 @@ async def test_every_action_is_in_the_command_palette():
 
 async def test_attached_process_stays_charted_when_it_is_not_the_first_row():
     source = FakeSource(frame(selected_pid=4243))
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert app.query_one(ProcessTable).selected_row.pid == 4243
@@ -237,7 +237,7 @@ async def test_attached_process_stays_charted_when_it_is_not_the_first_row():
 
 async def test_a_click_selects_and_a_double_click_attaches():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.click("#col-command", offset=(5, 3))  # line 3 = the third process under the header
@@ -248,7 +248,7 @@ async def test_a_click_selects_and_a_double_click_attaches():
 
 async def test_without_colour_the_chart_lines_differ_by_marker(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.3)
         chart = app.query_one(MemoryChart)

@@ -9,7 +9,7 @@ from gpuscope.core.fleet import FleetProcess, FleetSnapshot, FleetSource
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.fleet import FleetScreen, FleetView
 
-from frames import FakeSource, frame
+from frames import FakeSource, frame, live
 
 ROWS = (
     FleetProcess(node="node-a", pid=4242, start_time="1", command="python serve.py", gpus=(0,), gpu_bytes=6e10,
@@ -25,7 +25,7 @@ def view(runs: list) -> FleetView:
 
 async def test_enter_runs_the_attach_command_of_the_selected_row_and_the_console_resumes(monkeypatch):
     runs: list = []
-    app = GpuScopeApp(FakeSource(frame()), fleet=view(runs))
+    app = GpuScopeApp(live(FakeSource(frame())), fleet=view(runs))
     suspended = []
 
     @contextlib.contextmanager
@@ -54,7 +54,7 @@ async def test_enter_runs_the_attach_command_of_the_selected_row_and_the_console
 
 
 async def test_without_prometheus_the_key_says_what_to_give():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("f")
         await pilot.pause()
@@ -84,7 +84,7 @@ async def test_a_hostile_label_renders_as_one_printable_bounded_line():
 
     rows, _ = fleet_rows([{"metric": HOSTILE, "value": [0, "5e6"]}])
     source = FleetSource(lambda: FleetSnapshot(0.0, "http://prometheus:9090", rows, "ok", 1.0), "http://prometheus:9090")
-    app = GpuScopeApp(FakeSource(frame()), fleet=FleetView(source, "ssh -t {node} gpuscope --pid {pid}"))
+    app = GpuScopeApp(live(FakeSource(frame())), fleet=FleetView(source, "ssh -t {node} gpuscope --pid {pid}"))
     async with app.run_test(size=(160, 30)) as pilot:
         await pilot.press("f")
         await pilot.pause(0.3)

@@ -18,7 +18,7 @@ from gpuscope.tui.stacks import ConfirmAttach
 from gpuscope.tui.textlines import TextLines
 from gpuscope.tui.wizard import WizardScreen
 
-from frames import FakeSource, frame
+from frames import FakeSource, frame, live
 
 NOW = time.time()
 LIVE = Alert("rss", 4243, None, "PID 4243 python rag_worker.py (RSS)", 6.4e6, NOW - 60, None, 0.8, "floor rose")
@@ -49,7 +49,7 @@ async def wait_for(pilot, condition, timeout=20.0):
 
 async def test_the_live_alert_leads_and_the_exited_one_is_marked():
     # The core lists live alerts first; the exited one grows faster yet never leads.
-    app = GpuScopeApp(FakeSource(frame(alerts=(LIVE, EXITED))))
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE, EXITED)))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         bar = app.query_one(AlertBar).text.plain
@@ -64,7 +64,7 @@ async def test_the_live_alert_leads_and_the_exited_one_is_marked():
 
 
 async def test_an_exited_alert_alone_is_shown_dim_and_marked():
-    app = GpuScopeApp(FakeSource(frame(alerts=(EXITED,))))
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(EXITED,)))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         bar = app.query_one(AlertBar)
@@ -74,7 +74,7 @@ async def test_an_exited_alert_alone_is_shown_dim_and_marked():
 
 
 async def test_the_alert_list_picks_the_alert_w_diagnoses():
-    app = GpuScopeApp(FakeSource(frame(alerts=(LIVE, EXITED))))
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE, EXITED)))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("A", "j", "enter")  # the second alert
@@ -87,7 +87,7 @@ async def test_the_alert_list_picks_the_alert_w_diagnoses():
 
 async def test_w_means_the_alert_bar_else_the_selected_row_and_d_the_selected_row(monkeypatch):
     pushed = []
-    app = GpuScopeApp(FakeSource(frame(alerts=(LIVE,))))
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE,)))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert app.query_one(ProcessTable).selected_row.pid == 4242
@@ -97,7 +97,7 @@ async def test_w_means_the_alert_bar_else_the_selected_row_and_d_the_selected_ro
         monkeypatch.setattr(app, "push_screen", lambda screen, *a, **k: pushed.append(screen))
         await pilot.press("d", "a")
         assert [s.pid for s in pushed] == [4242, 4242]
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("j", "w")  # no alert: the selected row
@@ -106,7 +106,7 @@ async def test_w_means_the_alert_bar_else_the_selected_row_and_d_the_selected_ro
 
 async def test_j_and_k_move_the_table():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         table = app.query_one(ProcessTable)
@@ -118,7 +118,7 @@ async def test_j_and_k_move_the_table():
 
 async def test_f1_helps_and_f10_quits():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         await pilot.press("f1")
@@ -131,7 +131,7 @@ async def test_f1_helps_and_f10_quits():
 
 async def test_esc_pressed_once_too_often_never_detaches():
     source = FakeSource(frame(alerts=(LIVE,)))  # attached to 4242
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("w")
@@ -149,7 +149,7 @@ async def test_esc_pressed_once_too_often_never_detaches():
 
 
 async def test_i_shows_the_whole_command_line():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         await pilot.press("i")
@@ -174,7 +174,7 @@ async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypa
         return CULPRIT
 
     monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
-    app = GpuScopeApp(FakeSource(frame(alerts=(LIVE,))))
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE,)))))
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         bar = app.query_one(AlertBar)
@@ -194,7 +194,7 @@ async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypa
 
 
 async def test_the_confirmation_speaks_of_gdb_only_without_the_probe():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         app.push_screen(ConfirmAttach(4242, probe=True))

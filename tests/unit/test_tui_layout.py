@@ -12,7 +12,7 @@ from gpuscope.tui.processes import COLUMNS, SORT_COLUMN, SORT_MARK, SORTS, Proce
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.textlines import TextLines
 
-from frames import GIB, MIB, T0, FakeServing, FakeSource, frame, rows
+from frames import GIB, MIB, T0, FakeServing, FakeSource, frame, live, rows
 from test_tui_service import snapshot
 
 SORT_KEYS = {"memory": "m", "growth": "g", "cpu": "c"}
@@ -40,7 +40,7 @@ def shown_rows(app) -> int:
 
 @pytest.mark.parametrize("size, at_least", [((80, 24), 8), ((60, 16), 1)])
 async def test_the_table_keeps_its_rows_with_an_alert_and_the_service_panel(size, at_least):
-    app = GpuScopeApp(FakeSource(crowded_frame()), serving=FakeServing(snapshot()))
+    app = GpuScopeApp(live(FakeSource(crowded_frame()), serving=FakeServing(snapshot())))
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         assert app.query_one("#alerts").region.height == 1  # one line, cut with an ellipsis
@@ -53,7 +53,7 @@ async def test_the_table_keeps_its_rows_with_an_alert_and_the_service_panel(size
 
 
 async def test_at_80x24_without_panels_the_chart_stays_beside_a_full_table():
-    app = GpuScopeApp(FakeSource(frame(processes=crowded_frame().processes)))
+    app = GpuScopeApp(live(FakeSource(frame(processes=crowded_frame().processes))))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert shown_rows(app) >= 8
@@ -61,7 +61,7 @@ async def test_at_80x24_without_panels_the_chart_stays_beside_a_full_table():
 
 
 async def test_a_tall_terminal_keeps_the_service_panel_whole():
-    app = GpuScopeApp(FakeSource(frame()), serving=FakeServing(snapshot()))
+    app = GpuScopeApp(live(FakeSource(frame()), serving=FakeServing(snapshot())))
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.pause()
         text = app.query_one(ServicePanel).text.plain
@@ -72,7 +72,7 @@ async def test_a_tall_terminal_keeps_the_service_panel_whole():
 @pytest.mark.parametrize("sort", sorted(SORT_COLUMN))
 @pytest.mark.parametrize("width", [60, 80, 120])
 async def test_the_sort_mark_is_shown_whole_for_every_sort(sort, width):
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(width, 24)) as pilot:
         await pilot.pause()
         await pilot.press(SORT_KEYS[sort])
@@ -89,7 +89,7 @@ def test_every_sort_but_the_default_order_has_a_column_to_mark():
 
 @pytest.mark.parametrize("width", [60, 80, 120, 200])
 async def test_the_command_column_takes_the_rest_of_the_width(width):
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(width, 30)) as pilot:
         await pilot.pause()
         command = app.query_one("#col-command")
@@ -113,7 +113,7 @@ def label_rows(chart: MemoryChart) -> list[tuple[int, float, float]]:
 
 @pytest.mark.parametrize("height", [7, 8, 9, 10, 11, 12, 14, 17])
 async def test_y_labels_stand_evenly_spaced_on_every_chart_height(height):
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         app.query_one("#bottom").styles.height = height
@@ -158,7 +158,7 @@ def eight_gpu_frames():
 async def test_an_8x200_node_opens_at_the_top_on_the_biggest_gpu_process(size):
     starting, node = eight_gpu_frames()
     source = FakeSource(starting)
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         table = app.query_one(ProcessTable)

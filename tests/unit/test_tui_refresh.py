@@ -4,7 +4,7 @@ at all for what did not change (Pilot over injected frames, every widget's refre
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.processes import ProcessTable
 
-from frames import FakeSource, frame, rows
+from frames import FakeSource, frame, live, rows
 
 
 def record_refreshes(app) -> list[tuple[str, bool]]:
@@ -30,7 +30,7 @@ async def settled(pilot, source) -> None:
 
 async def test_the_same_frame_again_refreshes_nothing():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await settled(pilot, source)
         asked = record_refreshes(app)
@@ -41,7 +41,7 @@ async def test_the_same_frame_again_refreshes_nothing():
 
 async def test_a_process_that_exits_repaints_the_table_without_a_layout():
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await settled(pilot, source)
         asked = record_refreshes(app)

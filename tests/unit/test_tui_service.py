@@ -6,7 +6,7 @@ from gpuscope.core.serving_model import FleetRow, ServingSnapshot, SignalPoint, 
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.service import ServicePanel
 
-from frames import T0, FakeServing, FakeSource, frame
+from frames import T0, FakeServing, FakeSource, frame, live
 
 
 
@@ -28,7 +28,7 @@ def snapshot(**changes) -> ServingSnapshot:
 
 async def test_signals_stages_slo_breach_and_latency_jump():
     serving = FakeServing(snapshot())
-    app = GpuScopeApp(FakeSource(frame()), serving=serving, slo=SloConfig(ttft_p95_s=0.8))
+    app = GpuScopeApp(live(FakeSource(frame()), serving=serving), slo=SloConfig(ttft_p95_s=0.8))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         text = app.query_one(ServicePanel).text.plain
@@ -42,7 +42,7 @@ async def test_signals_stages_slo_breach_and_latency_jump():
 
 async def test_the_panel_renders_the_cores_jump_and_finds_none_itself():
     # the history jumps (0.6 s -> 2 s), but the snapshot says no jump was found: none is shown
-    app = GpuScopeApp(FakeSource(frame()), serving=FakeServing(snapshot(p99_jump=None)))
+    app = GpuScopeApp(live(FakeSource(frame()), serving=FakeServing(snapshot(p99_jump=None))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert "jumped" not in app.query_one(ServicePanel).text.plain
@@ -50,7 +50,7 @@ async def test_the_panel_renders_the_cores_jump_and_finds_none_itself():
 
 async def test_an_unreachable_target_says_since_when_not_stale_numbers():
     down = snapshot(state="unreachable since 12:03:41, retrying (connection refused)")
-    app = GpuScopeApp(FakeSource(frame()), serving=FakeServing(down))
+    app = GpuScopeApp(live(FakeSource(frame()), serving=FakeServing(down)))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         text = app.query_one(ServicePanel).text.plain
@@ -58,7 +58,7 @@ async def test_an_unreachable_target_says_since_when_not_stale_numbers():
 
 
 async def test_no_serving_source_no_panel():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert not app.query_one(ServicePanel).display
@@ -67,7 +67,7 @@ async def test_no_serving_source_no_panel():
 async def test_the_fleet_view_names_where_memory_grows_fastest():
     fleet = (FleetRow("node-7", "3", "GPU-x", "vllm-0", "serving", 70_000.0, 12.5),
              FleetRow("node-2", "0", "GPU-y", None, None, 40_000.0, 0.1))
-    app = GpuScopeApp(FakeSource(frame()), serving=FakeServing(snapshot(source="prometheus", fleet=fleet)))
+    app = GpuScopeApp(live(FakeSource(frame()), serving=FakeServing(snapshot(source="prometheus", fleet=fleet))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         text = app.query_one(ServicePanel).text.plain
@@ -81,7 +81,7 @@ async def test_the_wizard_shows_the_same_jump_on_its_service_step():
     from gpuscope.tui.wizard import WizardScreen
 
     snap = snapshot()
-    app = GpuScopeApp(FakeSource(frame()), serving=FakeServing(snap))
+    app = GpuScopeApp(live(FakeSource(frame()), serving=FakeServing(snap)))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("w")
@@ -103,7 +103,7 @@ async def test_an_answer_that_is_not_metrics_says_so_on_the_service_line():
     with MetricsServer() as server:
         server.route("/metrics", Reply("<!DOCTYPE html>\n<html><body>Login</body></html>\n", content_type="text/html"))
         source = ServingSource(ScrapeCollector([server.url()], window_s=30.0, profiles=BUILTIN_PROFILES), interval=0.1)
-        app = GpuScopeApp(FakeSource(frame()), serving=source)
+        app = GpuScopeApp(live(FakeSource(frame()), serving=source))
         async with app.run_test(size=(120, 40)) as pilot:
             panel = app.query_one(ServicePanel)
             for _ in range(100):

@@ -16,7 +16,7 @@ from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
 from gpuscope.tui.wizard import WizardScreen
 
-from frames import FakeSource, frame
+from frames import FakeSource, frame, live
 
 ALERT = Alert("rss", 4243, None, "PID 4243 python rag_worker.py (RSS)", 6.4e6, time.time() - 60, None, 0.8, "floor rose")
 FOUND = Attribution(
@@ -46,7 +46,7 @@ async def wait_for(pilot, condition, timeout=20.0):
 
 async def test_the_alert_bar_opens_the_wizard_on_its_process():
     source = FakeSource(frame(alerts=(ALERT,)))
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         bar = app.query_one(AlertBar)
@@ -61,7 +61,7 @@ async def test_the_alert_bar_opens_the_wizard_on_its_process():
 
 
 async def test_steps_navigation_and_the_verdict():
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("w")  # the selected process (4242)
@@ -89,7 +89,7 @@ async def test_step_7_asks_then_finds_the_suspect_and_enter_shows_its_stack(monk
 
     monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
     monkeypatch.setattr(GpuScopeApp, "call_from_thread", never_wait_on_the_ui)
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("w")
@@ -118,7 +118,7 @@ async def test_rerun_reads_the_latest_data_and_esc_cancels_a_search(monkeypatch)
 
     monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
     source = FakeSource(frame())
-    app = GpuScopeApp(source)
+    app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("w", "r")
@@ -132,7 +132,7 @@ async def test_rerun_reads_the_latest_data_and_esc_cancels_a_search(monkeypatch)
 
 async def test_export_writes_private_files(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("w", "e")
@@ -152,7 +152,7 @@ async def test_the_wizard_reopened_shows_the_culprit_found_earlier(monkeypatch):
         return replace(FOUND, pid=pid)
 
     monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
-    app = GpuScopeApp(FakeSource(frame()))
+    app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("w", "end", "a", "y")
