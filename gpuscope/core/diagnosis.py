@@ -51,6 +51,7 @@ INSTRUMENT_MARGIN_S = 0.5  # samples this close after a tracker stopped may stil
 # Memory that rises after a tracker at this share of its rate before it or more kept growing
 # through the tracker's window (a filled cache's stretch after it is flat).
 GROWTH_WENT_ON = 0.25
+GROWTH_STEADY_TAU = 0.6  # ... and whose samples, in each stretch, rise this steadily (Kendall's tau)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,15 +230,17 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
     hole = post[0][0] - pre[-1][0] - step
     before, after = each
     if before is not None and after is not None and before * after > 0 \
-            and abs(after) >= GROWTH_WENT_ON * abs(before):
-        # The memory kept changing after the tracker as before it (if slower: a leak whose work
-        # slows as what it keeps grows): each stretch's own trend read at its edge, the hole's at
-        # the mean of the two.
+            and abs(after) >= GROWTH_WENT_ON * abs(before) \
+            and min(abs(kendall_tau(pre)), abs(kendall_tau(post))) >= GROWTH_STEADY_TAU:
+        # The memory kept changing steadily after the tracker as before it (if slower: a leak whose
+        # work slows as what it keeps grows): each stretch's own trend read at its edge, the
+        # hole's at the mean of the two.
         own, slope = [before, after], (before + after) / 2
     else:
-        # One stretch flat, or they disagree: a cache that filled, a tracker's heap settling. The
-        # gentler slope through both (none where they disagree in sign) carries over the hole,
-        # so a cache that filled is never carried on as growth.
+        # One stretch flat or swinging, or they disagree: a cache that filled, batches filled and
+        # freed, a tracker's heap settling. The gentler slope through both (none where they
+        # disagree in sign) carries over the hole, so a cache that filled is never carried on as
+        # growth, and the stretches' levels are their medians, which swings do not move.
         known = [b for b in each if b is not None]
         slope = 0.0 if not known or (len(known) == 2 and known[0] * known[1] <= 0) else min(known, key=abs)
         own = [slope, slope]
