@@ -6,7 +6,8 @@ for a while, look for its allocation sites meanwhile, and hand the diagnosis eng
 it (`TRACK_FRACTION`, at most `TRACK_MAX_S`; sooner where what they see is clear: a site's held
 bytes rising steadily, or the memory in use flat or levelled off), and the rest is watched again
 after the tracker has stopped and given its memory back. A rung that fails hands what is left of
-the budget to the next.
+the budget to the next. A tracker that ends late is still followed by `AFTER_MIN_S` of watching,
+up to `STOP_GRACE_S` past the budget.
 The watch ends early when the process exits; what was gathered until then is diagnosed.
 
 Everything started here is stopped here (the node and serving sources, the attribution thread;
@@ -35,6 +36,9 @@ BEFORE_FRACTION = 0.3  # of the duration, watched before any tracker runs
 TRACK_FRACTION = 0.4  # of the duration, the longest the trackers run
 TRACK_MAX_S = 30.0
 STOP_GRACE_S = 4.0  # a tracker's reply (its capture read, its memory given back) may end this late
+# The memory trend is judged on the samples before a tracker and after it: one that ended late (a
+# loaded machine, a slow reply) is still watched this long after, within STOP_GRACE_S.
+AFTER_MIN_S = 4.0
 
 
 def schedule(duration: float) -> tuple[float, float]:
@@ -85,16 +89,20 @@ def investigate(
     progress(f"watching process {pid} for {duration:g} s and looking for its allocation sites…")
     ladder.start()
     exited_after = None
+    climbed_at = None  # when the ladder ended (its tracker stopped and gave its memory back)
     try:
         while not stop.wait(0.5):
             elapsed = time.monotonic() - started
-            if elapsed >= duration:
+            if climbed_at is None and not ladder.is_alive():
+                climbed_at = elapsed
+            if elapsed >= _watch_end(duration, climbed_at, attribution):
                 break
             if not _alive(pid):
                 exited_after = elapsed
                 progress(f"process {pid} exited after {elapsed:.0f} s: diagnosing what was gathered until then")
                 break
-        ladder.join(STOP_GRACE_S if exited_after is None else 1.0)
+        elapsed = time.monotonic() - started
+        ladder.join(max(0.0, duration + STOP_GRACE_S - elapsed) if exited_after is None else 1.0)
     finally:
         stop.set()
         ladder.join(STOP_GRACE_S)
@@ -116,6 +124,17 @@ def investigate(
         instrumented=instrumented,
         exited=evidence.exited or exited_after is not None,
     )
+
+
+def _watch_end(duration: float, climbed_at: float | None, attribution: list) -> float:
+    """When the watch ends, in seconds since it began: at `duration`, later only while the ladder's
+    reply is awaited (it ends within its budget), and to watch `AFTER_MIN_S` after a tracker that
+    ended late."""
+    if climbed_at is None:
+        return duration + STOP_GRACE_S
+    tracked = bool(attribution) and attribution[0].window is not None
+    late = climbed_at + AFTER_MIN_S if tracked else 0.0
+    return min(duration + STOP_GRACE_S, max(duration, late))
 
 
 def first_measured(snapshots: list[ServingSnapshot]) -> ServingSnapshot:

@@ -91,3 +91,32 @@ def test_a_service_allocating_a_gigabyte_a_second_is_diagnosed_in_time_and_the_c
     # Said where the memray rung is reported: the code-path step and its evidence.
     assert "- memray: " in out.stdout and "its capture reached its size cap" in out.stdout, out.stdout
     assert "- instrument: " in out.stdout and "**leak**" not in out.stdout, out.stdout
+
+
+def test_a_tracker_that_ends_late_is_still_followed_by_a_watch_of_its_own(tmp_path, monkeypatch):
+    """On a loaded machine a tracker's reply can come after the budget: the memory trend still
+    gets `AFTER_MIN_S` of samples after it, and the diagnosis still ends within the stop grace."""
+    from gpuscope.core import allocations, investigation
+    from gpuscope.core.attribution import Attribution
+
+    duration = 8.0
+    proc = _start(tmp_path, "leaker", SLOW_LEAKER, probe=False)
+
+    def late(pid, track, **kwargs):
+        began = time.time()
+        time.sleep(duration - investigation.schedule(duration)[0] + 0.5)  # its reply after the budget
+        return Attribution(pid, (), (), None, "none", window=(began, time.time()))
+
+    monkeypatch.setattr(allocations, "attribute", late)
+    try:
+        began = time.monotonic()
+        evidence = investigate(proc.pid, duration)
+        took = time.monotonic() - began
+    finally:
+        proc.kill()
+        proc.wait()
+    after = [t for t in evidence.rss.times if t > evidence.instrumented[0][1]]
+    # The tracker ended 8.5 s in: watched at least until 12 s (the grace), where the old watch had
+    # stopped at 8 s, with nothing after the tracker.
+    assert after and after[-1] - after[0] >= 2.5, (evidence.instrumented, after)
+    assert took <= duration + investigation.STOP_GRACE_S + 1.5, took
