@@ -39,9 +39,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from gpuscope.core.node import NodeSource
 
     source = NodeSource(interval=settings.refresh_s, focus_pid=args.pid, thresholds=settings.thresholds)
-    fleet = fleet_view(settings, serving)
-    return run_console(settings, source, serving, pid=args.pid, fleet=fleet,
-                       cleanups=(fleet.source.stop,) if fleet else ())
+    return run_console(settings, source, serving, pid=args.pid)
 
 
 def fleet_view(settings: Settings, serving: Any) -> Any:
@@ -57,14 +55,18 @@ def fleet_view(settings: Settings, serving: Any) -> Any:
 
 
 def run_console(settings: Settings, source: Any, serving: Any, *, pid: int | None,
-                cleanups: Sequence[Callable[[], object]] = (), fleet: Any = None) -> int:
-    """Run the live console over `source` (and `serving`), recording the session to its journal."""
+                cleanups: Sequence[Callable[[], object]] = ()) -> int:
+    """Run the live console over `source` (and `serving`, with the fleet view where that is read
+    from Prometheus), recording the session to its journal."""
     skeleton = paint_skeleton()
     source.prefetch()  # the first frame is read while the console is imported and built
     app = None
     try:
         from gpuscope.core.session.live import LiveSession
 
+        fleet = fleet_view(settings, serving)
+        if fleet is not None:
+            cleanups = (*cleanups, fleet.source.stop)
         journal = open_journal(settings, pid=pid)
         app = console_app(LiveSession(source, serving=serving, journal=journal), settings, fleet=fleet)
         for cleanup in (journal.close, *cleanups):  # also when a lost terminal cuts the exit short
