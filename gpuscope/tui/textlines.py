@@ -13,7 +13,7 @@ a Rich Text, never markup, so "[bold]" in a command line is shown as it is.
 
 from __future__ import annotations
 
-from rich.console import OverflowMethod
+from rich.console import Console, OverflowMethod
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Span, Text
@@ -24,7 +24,9 @@ from textual.widget import Widget
 from gpuscope.core.printable import printable
 
 Cells = tuple[tuple[str, Style | None], ...]
-LineKey = tuple[str, tuple[Span, ...], str | Style]  # what a line of Text draws: its characters and styles
+# What a line of Text draws: its characters, styles, justification and overflow.
+LineKey = tuple[str, tuple[Span, ...], str | Style, str | None, str | None]
+DrawnLine = tuple[LineKey, list[tuple[Strip, Cells | None]]]
 
 
 def printable_text(text: Text | str, newlines: bool = True) -> Text:
@@ -90,7 +92,7 @@ class TextLines(Widget):
         self._cells: list[Cells | None] = []
         self._width = 0
         self._auto_width = -1
-        self._drawn_lines: list[LineKey] = []  # unwrapped: the lines behind _strips, as given
+        self._drawn: list[DrawnLine] = []  # each line of the text, as given, and what it was drawn as
         self._drawn_width = 0
 
     @property
@@ -125,6 +127,7 @@ class TextLines(Widget):
         """Wrap long lines (True) or cut each to one line with an ellipsis (False)."""
         if wrap != self.wrap:
             self.wrap = wrap
+            self._drawn = []  # drawn the other way
             self._rebuild(diff=False)
 
     def on_resize(self) -> None:
@@ -152,34 +155,42 @@ class TextLines(Widget):
         console = self.app.console
         strips: list[Strip] = []
         cells: list[Cells | None] = []
+        # A line that reads as before at the same width is drawn as before: a panel or a table's
+        # column changes in a few lines a tick, and wrapping and rendering the others again is
+        # most of its cost. Wrapped, each line is wrapped on its own, as Text.wrap does.
+        lines = list(self.text.split("\n", allow_blank=True)) if self.wrap else self._split()
+        before = self._drawn if width == self._drawn_width else []
+        drawn: list[DrawnLine] = []
+        for y, line in enumerate(lines):
+            key = (line.plain, tuple(line.spans), line.style, line.justify, line.overflow)
+            if y < len(before) and before[y][0] == key:
+                drawn.append(before[y])
+            else:
+                drawn.append((key, self._draw(line, width, console)))
+            for strip, line_cells in drawn[-1][1]:
+                strips.append(strip)
+                cells.append(line_cells)
+        self._strips, self._cells = strips, cells
+        self._drawn, self._drawn_width = drawn, width
+        return strips, cells
+
+    def _draw(self, line: Text, width: int, console: Console) -> list[tuple[Strip, Cells | None]]:
+        """The strips (and their cells) one line of the text takes at `width`."""
         if self.wrap:
-            wrapped = list(self.text.wrap(console, max(1, width), no_wrap=False))
+            pieces = list(line.wrap(console, max(1, width), no_wrap=False))
         else:
-            wrapped = self._split()
-        # Unwrapped, a line that reads as before at the same width is drawn as before: a table's
-        # column changes in a few lines a tick, and rendering the others again is most of its cost.
-        before = self._drawn_lines if width == self._drawn_width and not self.wrap else []
-        drawn: list[LineKey] = []
-        for y, line in enumerate(wrapped):
-            if not self.wrap:
-                key = (line.plain, tuple(line.spans), line.style)
-                drawn.append(key)
-                if y < len(before) and before[y] == key:
-                    strips.append(self._strips[y])
-                    cells.append(self._cells[y])
-                    continue
-                line = line.copy()
-            line.end = ""
-            if not self.wrap and line.cell_len > width:
+            line = line.copy()
+            if line.cell_len > width:
                 # Only text that does not fit earns an ellipsis; trailing padding is just cut.
                 overflow: OverflowMethod = "crop" if not line.plain[width:].strip() else "ellipsis"
                 line.truncate(width, overflow=overflow)
-            segments = list(line.render(console))
-            strips.append(Strip(segments, line.cell_len))
-            cells.append(cells_of(segments))
-        self._strips, self._cells = strips, cells
-        self._drawn_lines, self._drawn_width = drawn, width
-        return strips, cells
+            pieces = [line]
+        drawn = []
+        for piece in pieces:
+            piece.end = ""
+            segments = list(piece.render(console))
+            drawn.append((Strip(segments, piece.cell_len), cells_of(segments)))
+        return drawn
 
     def _rebuild(self, diff: bool) -> None:
         width = self.size.width or self._width

@@ -74,3 +74,60 @@ async def test_an_unwrapped_line_that_only_changes_style_is_drawn_again():
         await pilot.pause()
         assert lines.lines == ["first", "second", "third!"]
         assert not any(seg.style and seg.style.bold for seg in lines._strips[1])
+
+
+async def test_a_wrapped_panel_draws_again_only_the_lines_that_changed_and_reads_as_text_wrap():
+    """The attached process's panel changes one line a tick (its RSS) and wraps the rest (a long
+    command line): each line is wrapped on its own and kept while it reads the same, and what is
+    shown is what Text.wrap makes of the whole text."""
+    import random
+
+    from rich.text import Text
+    from textual.app import App
+
+    from gpuscope.tui.textlines import TextLines, printable_text
+
+    class One(App):
+        def compose(self):
+            yield TextLines("", id="lines")
+
+    words = ["a", "tenletters", "x" * 37, "--flag=value", "   ", "ünï", "", "/opt/some/long/path/to/a/model"]
+    rng = random.Random(7)
+
+    def text() -> Text:
+        out = Text()
+        for n in range(rng.randint(1, 8)):
+            line = " ".join(rng.choice(words) for _ in range(rng.randint(0, 12)))
+            out.append(line + "\n", style=rng.choice(["", "bold", "dim red"]))
+        return out
+
+    app = One()
+    async with app.run_test(size=(33, 40)) as pilot:
+        lines = app.query_one(TextLines)
+        for _ in range(60):
+            shown = text()
+            lines.set_text(shown)
+            await pilot.pause()
+            expected = printable_text(shown).wrap(app.console, lines.size.width, no_wrap=False)
+            assert lines.lines == [line.plain.rstrip("\n") for line in expected]
+
+        rendered = []
+        real_render = Text.render
+
+        def render(self, *args, **kwargs):
+            rendered.append(self.plain)
+            return real_render(self, *args, **kwargs)
+
+        base = Text("PID 1234  x: detach\nRSS     1.0 GiB\ncmd     " + "python -m serve --model " * 4)
+        lines.set_text(base)
+        await pilot.pause()
+        Text.render = render
+        try:
+            lines.set_text(Text("PID 1234  x: detach\nRSS     1.1 GiB\ncmd     " + "python -m serve --model " * 4))
+            await pilot.pause()
+        finally:
+            Text.render = real_render
+        assert [plain for plain in rendered if "RSS" in plain] == ["RSS     1.1 GiB"]
+        assert not [plain for plain in rendered if "serve" in plain]  # the long command line is kept
+        assert lines.lines[1] == "RSS     1.1 GiB"
+
