@@ -160,6 +160,7 @@ class GpuScopeApp(ChangedCellsApp):
         self.frame: Frame | None = None
         self._charted_pid: int | None = None  # what the session was last asked to chart
         self._cleanups: list[Callable[[], object]] = []
+        self._when_shown: list[Callable[[], object]] = []
         self._started = False
         self._theme_names: list[str] = [DEFAULT_THEME]
         self._no_colour = NoColor()
@@ -490,6 +491,10 @@ class GpuScopeApp(ChangedCellsApp):
         """Something that must happen when the console ends, even if the terminal is lost."""
         self._cleanups.append(cleanup)
 
+    def when_shown(self, callback: Callable[[], object]) -> None:
+        """Something to do once the first frame of the node is on the screen."""
+        self._when_shown.append(callback)
+
     def _hangup(self) -> None:
         # The terminal is gone. Textual's shutdown writes to it and can block forever once its
         # writer thread has died on the dead terminal, so if the normal exit has not finished in a
@@ -541,6 +546,9 @@ class GpuScopeApp(ChangedCellsApp):
                 table.select_pid(frame.selected_pid)
             self.query_one(MemoryChart).show(frame.chart, now=frame.time)
             self.query_one(ProcessPanel).show(frame)
+        if first:
+            for callback in self._when_shown:
+                self.call_after_refresh(callback)
 
     @_unless_closed
     def on_serving_ready(self, message: ServingReady) -> None:

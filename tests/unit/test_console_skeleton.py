@@ -2,6 +2,7 @@
 the console then takes the same screen over. Where it never starts, the terminal is given back
 before anything is said."""
 
+import gc
 import os
 
 import pytest
@@ -26,6 +27,9 @@ class App:
     return_code = 0
 
     def add_cleanup(self, cleanup) -> None:
+        pass
+
+    def when_shown(self, callback) -> None:
         pass
 
     def run(self) -> None:
@@ -56,3 +60,46 @@ def test_a_console_that_never_starts_gives_the_terminal_back_before_its_error_is
         console.run_console(terminal, Source(), None, pid=None)
     out = capfd.readouterr().out
     assert out.startswith("\x1b[?1049h") and out.endswith(console.LEAVE_SKELETON)
+
+
+class ShownApp(App):
+    """A console that shows its first frame while it runs, then ends."""
+
+    def __init__(self) -> None:
+        self.shown = []
+        self.collector_on_at_start = None
+
+    def when_shown(self, callback) -> None:
+        self.shown.append(callback)
+
+    def run(self) -> None:
+        self.collector_on_at_start = gc.isenabled()
+        for callback in self.shown:
+            callback()
+
+
+@pytest.fixture
+def collector():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+    gc.enable()
+
+
+def test_what_the_start_built_is_frozen_out_of_collections_once_the_first_frame_shows(terminal, monkeypatch, collector):
+    app = ShownApp()
+    monkeypatch.setattr(console, "console_app", lambda *a, **k: app)
+    assert console.run_console(terminal, Source(), None, pid=None) == 0
+    assert app.collector_on_at_start is False  # no collection walks the heap while the console starts
+    assert gc.get_freeze_count() > 1000  # the modules, styles and widgets it built
+    assert gc.isenabled()
+
+
+def test_a_console_that_never_starts_leaves_the_collector_on(terminal, monkeypatch, collector):
+    def refused(*a, **k):
+        raise Failure("the console cannot start")
+
+    monkeypatch.setattr(console, "console_app", refused)
+    with pytest.raises(Failure):
+        console.run_console(terminal, Source(), None, pid=None)
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -131,3 +131,14 @@ async def test_a_wrapped_panel_draws_again_only_the_lines_that_changed_and_reads
         assert not [plain for plain in rendered if "serve" in plain]  # the long command line is kept
         assert lines.lines[1] == "RSS     1.1 GiB"
 
+
+async def test_what_waits_for_the_first_frame_runs_once_it_is_shown():
+    source = FakeSource(frame())
+    app = GpuScopeApp(live(source))
+    rows_when_shown = []
+    app.when_shown(lambda: rows_when_shown.append(len(app.query_one(ProcessTable).order)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settled(pilot, source)
+        source.send(frame())
+        await pilot.pause()
+    assert rows_when_shown == [len(rows())]  # once, with the node's rows on screen
