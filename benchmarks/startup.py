@@ -9,7 +9,7 @@ What it measures, and how:
       (CPU % needs two looks), so ~0.5 s of it is a deliberate sleep.
     - Imports: a fresh interpreter runs `gpuscope.cli.main([...])` (stdout/stderr swallowed) and
       reports how many modules sys.modules holds before and after, and whether textual, rich,
-      textual_plotext, plotext, torch or gpuscope.tui were imported (target: none of them).
+      plotext, torch or gpuscope.tui were imported (target: none of them).
       Also `python -X importtime -c "import gpuscope.cli"`: cumulative import time of gpuscope.cli.
 
 (b) Time to first frame of the console.
@@ -49,7 +49,7 @@ from _harness import (
     wait_until,
 )
 
-FORBIDDEN = ("textual", "rich", "textual_plotext", "plotext", "torch", "gpuscope.tui")
+FORBIDDEN = ("textual", "rich", "plotext", "torch", "gpuscope.tui")
 POLL_S = 0.010
 
 

@@ -8,8 +8,8 @@ the range), or another process is chosen. A redraw then changes only the cells w
 land, and only the spans of lines that changed are sent to the terminal. Redraws happen at most
 every few seconds.
 
-x is plain numbers (seconds since the axis' origin, labelled with the time of day): plotext's
-date helpers are broken with current plotext.
+The figure is drawn here, cell by cell, in braille (2x4 dots a cell): a general plotting library
+built a small matrix for every point and cost the console as much as all its panels together.
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ import math
 import time
 from dataclasses import dataclass
 
-from rich.ansi import AnsiDecoder
 from rich.segment import Segment
-from rich.text import Text
+from rich.style import Style
 from textual.geometry import Region
 from textual.strip import Strip
-from textual_plotext import PlotextPlot
+from textual.widget import Widget
 
 from gpuscope.core.model import MemorySeries
 from gpuscope.tui.palette import Palette, follow_theme, palette_of
-from gpuscope.tui.textlines import Cells, cells_of, changed_span
+from gpuscope.tui.textlines import Cells, changed_span
 
 # Seconds between redraws: often while a process has just been chosen and the operator is
 # looking, then slower (the table's numbers move every tick; the chart is the trend).
@@ -40,6 +39,7 @@ def scale(values: list[float]) -> tuple[float, str]:
 
 
 MARKERS_NO_COLOUR = {"GPU": "braille", "RSS": "•", "resv": "+", "alloc": "x"}
+EMPTY_TITLE = "Select a process to chart its memory"
 
 # x spans (seconds) an axis is laid out over, the shortest that leaves room ahead of the data;
 # past the longest, the axis moves on by a step at a time, keeping HISTORY_S of data in view.
@@ -92,7 +92,141 @@ def clock(t: float, span: float) -> str:
     return time.strftime("%H:%M:%S" if span < 300 else "%H:%M", time.localtime(t))
 
 
-class MemoryChart(PlotextPlot):
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of the figure: points (seconds since the axis' origin, value in its axis' unit)."""
+
+    label: str
+    points: tuple[tuple[float, float], ...]
+    side: str  # "left" or "right": the y axis it is read against
+    style: Style | None
+    marker: str  # "braille": drawn in dots, 2x4 a cell; else this character, one a cell
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """What the chart shows, whatever its size: drawn into cells by `draw`."""
+
+    title: str
+    lines: tuple[Line, ...] = ()
+    ylims: tuple[tuple[str, float, float], ...] = ()  # (side, low, high) in the side's unit
+    span: float = 0.0  # x runs from 0 to span seconds
+    x_labels: tuple[str, ...] = ()  # under the x ticks, one every quarter of the span
+
+
+# Braille dots: the bit of each dot of a cell, by its column (0, 1) and row (0-3, top first).
+_DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+_BRAILLE = 0x2800
+
+
+def draw(figure: Figure, width: int, height: int) -> list[Cells]:
+    """The figure as `height` lines of `width` cells: the title, a frame with the y labels on
+    either side, the lines inside it and their legend, the x ticks and their labels."""
+    blank = (" ", None)
+    rows = height - CHART_FURNITURE_LINES
+    ticks = {side: dict(zip(range(0, rows, _tick_every(rows)), y_ticks(low, high, rows)[1]))
+             for side, low, high in figure.ylims} if rows >= 2 else {}
+    left_w = max((len(label) for label in ticks.get("left", {}).values()), default=0)
+    right_w = max((len(label) for label in ticks.get("right", {}).values()), default=0)
+    plot_w = width - left_w - right_w - 2
+    out: list[list[tuple[str, Style | None]]] = [[blank] * width for _ in range(height)]
+    if rows < 1 or plot_w < 2:
+        return [tuple(line) for line in out]
+
+    def put(y: int, x: int, text: str, style: Style | None = None) -> None:
+        line = out[y]
+        for offset, ch in enumerate(text[: max(0, width - x)]):
+            line[x + offset] = (ch, style)
+
+    put(0, max(0, (width - len(figure.title)) // 2), figure.title, _TITLE)
+    put(1, left_w, "┌" + "─" * plot_w + "┐")
+    for row in range(rows):
+        y = row + 2
+        left, right = ticks.get("left", {}).get(row), ticks.get("right", {}).get(row)
+        put(y, 0, (left or "").rjust(left_w) + ("┤" if left else "│"))
+        put(y, left_w + 1 + plot_w, ("├" if right else "│") + (right or ""))
+    tick_columns = [round((plot_w - 1) * i / 4) for i in range(5)] if figure.span > 0 else []
+    axis = ["─"] * plot_w
+    for column in tick_columns:
+        axis[column] = "┬"
+    put(rows + 2, left_w, "└" + "".join(axis) + "┘")
+    for column, label in zip(tick_columns, figure.x_labels):
+        mark = left_w + 1 + column
+        put(rows + 3, max(0, min(width - len(label), mark - len(label) // 2)), label)
+
+    plot = _plot(figure, plot_w, rows)
+    for (x, y), cell in plot.items():
+        out[y + 2][left_w + 1 + x] = cell
+    _legend(out, figure, left_w + 1, plot_w, rows)
+    return [tuple(line) for line in out]
+
+
+_TITLE = Style(bold=True)
+
+
+def _tick_every(rows: int) -> int:
+    return 3 if rows > 12 else 2 if rows > 3 else 1  # as y_ticks spaces them
+
+
+def _plot(figure: Figure, plot_w: int, rows: int) -> dict[tuple[int, int], tuple[str, Style | None]]:
+    """The cells the lines land on, each line drawn over the ones before it; consecutive points
+    are joined."""
+    limits = {side: (low, high) for side, low, high in figure.ylims}
+    cells: dict[tuple[int, int], tuple[str, Style | None]] = {}
+    for line in figure.lines:
+        if line.side not in limits or figure.span <= 0:
+            continue
+        low, high = limits[line.side]
+        dots = line.marker == "braille"
+        across, down = (2, 4) if dots else (1, 1)  # dots in a cell
+        x_scale = (plot_w - 1) * across / figure.span
+        y_scale = (rows - 1) * down / (high - low) if high > low else 0.0
+        y_centre = (down - 1) / 2  # a value exactly on a row's tick lands in the middle of the row
+        x_max, y_max = plot_w * across - 1, rows * down - 1
+        points = [(min(x_max, max(0, round(x * x_scale + (across - 1) / 2))),
+                   min(y_max, max(0, round((high - v) * y_scale + y_centre)))) for x, v in line.points]
+        lit: dict[tuple[int, int], int] = {}
+        for (x0, y0), (x1, y1) in zip(points, points[1:] or points):
+            steps = max(abs(x1 - x0), abs(y1 - y0), 1)
+            for k in range(steps + 1):
+                px, py = x0 + round((x1 - x0) * k / steps), y0 + round((y1 - y0) * k / steps)
+                cell = (px // across, py // down)
+                lit[cell] = lit.get(cell, 0) | (_DOTS[px % 2][py % 4] if dots else 1)
+        for cell, bits in lit.items():
+            cells[cell] = (chr(_BRAILLE + bits) if dots else line.marker, line.style)
+    return cells
+
+
+def _legend(out: list[list[tuple[str, Style | None]]], figure: Figure, left: int, plot_w: int, rows: int) -> None:
+    """Each line's marker and label, top left inside the frame, over the lines (L / ⅃: which y
+    axis it is read against, where there are two)."""
+    sides = {line.side for line in figure.lines}
+    for row, line in enumerate(figure.lines[:rows]):
+        sample = ("⢕⢕" if line.marker == "braille" else line.marker * 2)
+        mark = ("L " if line.side == "left" else "⅃ ") if len(sides) > 1 else ""
+        cells = [(ch, None) for ch in f" {mark}"] + [(ch, line.style) for ch in sample]
+        cells += [(ch, None) for ch in f" {line.label} "]
+        for offset, cell in enumerate(cells[:plot_w]):
+            out[row + 2][left + offset] = cell
+
+
+def _strip(cells: Cells) -> Strip:
+    """A line of cells as a Strip: a segment for each run of one style."""
+    segments: list[Segment] = []
+    run: list[str] = []
+    style: Style | None = None
+    for ch, cell_style in cells:
+        if cell_style is not style and run:
+            segments.append(Segment("".join(run), style))
+            run = []
+        style = cell_style
+        run.append(ch)
+    if run:
+        segments.append(Segment("".join(run), style))
+    return Strip(segments, len(cells))
+
+
+class MemoryChart(Widget):
     DEFAULT_CSS = """
     MemoryChart { width: 2fr; height: 1fr; }
     """
@@ -100,8 +234,7 @@ class MemoryChart(PlotextPlot):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._series: MemorySeries | None = None
-        self._x_labels: list[str] = []
-        self._y_ranges: dict[str, tuple[float, float]] = {}  # yside -> (low, high) in the axis' unit
+        self._figure = Figure(EMPTY_TITLE)
         self._now = 0.0  # the time the series' ages count back from
         self._axes: Axes | None = None
         self._kept: dict[str, dict[float, float]] = {}  # line -> time -> bytes, drawn since the origin
@@ -109,10 +242,9 @@ class MemoryChart(PlotextPlot):
         self._chosen_at = 0.0
         self._drawn_pid: int | None = None
         self._strips: list[Strip] | None = None
-        self._cells: list[Cells | None] = []
+        self._cells: list[Cells] = []
         self._drawn_for: tuple | None = None  # (size, theme) the lines were drawn for
         self._palette: Palette | None = None
-        self.plt.title("Select a process to chart its memory")
 
     def on_mount(self) -> None:
         follow_theme(self, self._use_palette)
@@ -140,50 +272,16 @@ class MemoryChart(PlotextPlot):
         self.replot()
 
     def _build(self) -> None:
-        """Draw the figure into lines of cells (what PlotextPlot.render() would draw), kept so
-        that a redraw is diffed against them and the lines are rendered once, not per repaint."""
-        width, height = self.size.width, self.size.height
-        self.plt.plotsize(width, height)
-        self.plt._set_size(width, height)  # see textual-plotext#5: plotsize alone is not enough
-        # plotext's own y ticks are evenly spaced in value but land on rows unevenly on a short chart.
-        for side, (low, high) in self._y_ranges.items():
-            self.plt.yticks(*y_ticks(low, high, height - CHART_FURNITURE_LINES), yside=side)
-        # A theme of the terminal's own colours gets a chart without a painted background (plotext's
-        # themes are RGB); the lines keep their ANSI colours.
-        self.plt.theme("clear" if self.app.native_ansi_color else self._get_plotext_theme_name(self.app.theme))
-        console = self.app.console
-        strips: list[Strip] = []
-        cells: list[Cells | None] = []
-        # Line by line: Text.from_ansi joins the lines into one Text, which would be split again.
-        lines = list(AnsiDecoder().decode(self.plt.build()))
-        axis = next((y for y in range(len(lines) - 2, -1, -1) if "└" in lines[y].plain), None)
-        if self._x_labels and axis is not None:
-            lines[axis + 1] = self._label_row(lines[axis], width)
-        for line in lines:
-            segments = list(Segment.simplify(line.render(console, end="")))
-            strips.append(Strip(segments, line.cell_len))
-            cells.append(cells_of(segments))
-        self._strips, self._cells = strips, cells
+        """Draw the figure into lines of cells, kept so that a redraw is diffed against them and
+        the lines are rendered once, not per repaint."""
+        self._cells = draw(self._figure, self.size.width, self.size.height)
+        self._strips = [_strip(line) for line in self._cells]
         self._drawn_for = (self.size, self.app.theme)
-
-    def _label_row(self, axis: Text, width: int) -> Text:
-        """The x labels, each centred under its tick mark on the axis line above."""
-        marks = [i for i, ch in enumerate(axis.plain) if ch == "┬"]
-        if len(marks) != len(self._x_labels):  # plotext left a mark out: spread them over the axis
-            left, right = axis.plain.find("└"), axis.plain.rfind("┘")
-            n = len(self._x_labels) - 1
-            marks = [round(left + 1 + (right - left - 2) * i / n) for i in range(n + 1)]
-        row = [" "] * width
-        for mark, label in zip(marks, self._x_labels):
-            start = max(0, min(width - len(label), mark - len(label) // 2))
-            row[start:start + len(label)] = label
-        style = axis.get_style_at_offset(self.app.console, marks[0]) if marks and marks[0] < len(axis) else ""
-        return Text("".join(row)[:width], style=style)
 
     @property
     def plain(self) -> str:
         """The chart as a reader sees it (for tests)."""
-        return "\n".join("".join(seg.text for seg in strip) for strip in self._strips)
+        return "\n".join("".join(seg.text for seg in strip) for strip in self._strips or [])
 
     def render_line(self, y: int) -> Strip:
         if self._strips is None or self._drawn_for != (self.size, self.app.theme):
@@ -195,16 +293,11 @@ class MemoryChart(PlotextPlot):
         return self._strips[y].apply_style(style).crop_extend(0, width, style)
 
     def replot(self) -> None:
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        self._x_labels = []
-        self._y_ranges = {}
         series = self._series
         if series is None or not series.ages:
-            plt.title("Select a process to chart its memory")
+            self._figure = Figure(EMPTY_TITLE)
         else:
-            self._plot_series(series)
+            self._figure = self._plot_series(series)
         self._repaint_changes()
 
     def _points(self, series: MemorySeries) -> dict[str, list[tuple[float, float]]]:
@@ -236,47 +329,40 @@ class MemoryChart(PlotextPlot):
                 ylims[side] = lay_out_y([v for name in names for v in self._kept.get(name, {}).values()])
         return Axes(pid, origin, span, ylims)
 
-    def _plot_series(self, series: MemorySeries) -> None:
-        plt = self.plt
+    def _plot_series(self, series: MemorySeries) -> Figure:
         points = self._points(series)
         axes = self._axes
         gpu, rss = points.get("GPU"), points.get("RSS")
         # Each on its own axis (GPU left, RSS right): their sizes differ by orders of magnitude
         # and a shared axis would flatten the smaller one's trend.
         parts = []
+        lines: list[Line] = []
+        ylims = []
         # Without colour (NO_COLOR) only the marker tells the lines apart: each gets its own.
         marker = MARKERS_NO_COLOUR if self.app.no_color else dict.fromkeys(MARKERS_NO_COLOUR, "braille")
         palette = self._palette or palette_of(self.app)
-        colours = {"GPU": palette.plotext("gpu"), "RSS": palette.plotext("rss"), "resv": palette.plotext("warning"),
-                   "alloc": palette.plotext("accent")}
+        styles = {"GPU": palette.gpu, "RSS": palette.rss, "resv": palette.warning, "alloc": palette.accent}
         for name, side in (("GPU", "left"), ("RSS", "right")):
-            colour = colours[name]
             line = points.get(name)
             if not line or name not in axes.ylims:
                 continue
             unit, label, low, high = axes.ylims[name]
             side = side if gpu and rss else "left"
-            plt.plot([t - axes.origin for t, _ in line], [v / unit for _, v in line], label=f"{name} {label}",
-                     marker=marker[name], color=colour, yside=side)
-            plt.ylim(low / unit, high / unit, yside=side)
-            self._y_ranges[side] = (low / unit, high / unit)
+            lines.append(Line(f"{name} {label}", tuple((t - axes.origin, v / unit) for t, v in line), side,
+                              Style(color=styles[name]), marker[name]))
+            ylims.append((side, low / unit, high / unit))
             parts.append(f"{name} {label}" + (f" ({side})" if gpu and rss else ""))
             if name == "GPU":
                 # PyTorch's allocator (a process with a probe) on the GPU's axis: the gap between
                 # reserved and allocated is cache, between NVML and reserved the CUDA context.
                 for tname in ("resv", "alloc"):
-                    tcolour = colours[tname]
                     tline = points.get(tname)
                     if tline:
-                        plt.plot([t - axes.origin for t, _ in tline], [v / unit for _, v in tline],
-                                 label=f"torch {tname}", marker=marker[tname], color=tcolour, yside=side)
-        plt.title(f"PID {series.pid}: {', '.join(parts)} — time of day")
-        plt.xlim(0, axes.span)
+                        lines.append(Line(f"torch {tname}", tuple((t - axes.origin, v / unit) for t, v in tline),
+                                          side, Style(color=styles[tname]), marker[tname]))
         ticks = [axes.span * i / 4 for i in range(5)]
-        # Blank labels from plotext (where it puts them shifts with state it keeps between
-        # charts); _build writes the times under the tick marks itself.
-        plt.xticks(ticks, [""] * len(ticks))
-        self._x_labels = [clock(axes.origin + x, axes.span) for x in ticks]
+        return Figure(f"PID {series.pid}: {', '.join(parts)} — time of day", tuple(lines), tuple(ylims), axes.span,
+                      tuple(clock(axes.origin + x, axes.span) for x in ticks))
 
     def _repaint_changes(self) -> None:
         if self._strips is None or not self.size.area or self._drawn_for != (self.size, self.app.theme):

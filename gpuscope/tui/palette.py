@@ -1,4 +1,4 @@
-"""The theme's colours for what widgets draw into text (Rich styles, plotext lines).
+"""The theme's colours for what widgets draw into text (Rich styles, the chart's lines).
 
 CSS follows a change of theme by itself; colours written into a Text or a chart do not. Each
 widget that draws colour asks `follow_theme` for a `Palette` when it mounts and again whenever
@@ -30,20 +30,6 @@ class Palette:
     error: str
     accent: str
     secondary: str
-
-    def plotext(self, name: str) -> str | tuple[int, int, int]:
-        """A colour of this palette as plotext takes it: an RGB triple, or the ANSI colour's number
-        as plotext's name for it where the theme is the terminal's own palette."""
-        value = getattr(self, name)
-        if value.startswith("color("):  # Rich's name for an ANSI colour
-            return _PLOTEXT_ANSI.get(int(value[6:-1]), "default")
-        return Color.parse(value).rgb
-
-
-_PLOTEXT_ANSI = {
-    0: "black", 1: "red", 2: "green", 3: "yellow", 4: "blue", 5: "magenta", 6: "cyan", 7: "white",
-    8: "gray+", 9: "red+", 10: "green+", 11: "yellow+", 12: "blue+", 13: "magenta+", 14: "cyan+", 15: "white+",
-}
 
 
 DEFAULT_SUCCESS, DEFAULT_WARNING, DEFAULT_ERROR = "#4EBF71", "#FFA62B", "#BA3C5B"  # Textual's defaults

@@ -15,7 +15,7 @@ import gpuscope.commands
 import gpuscope.core
 from gpuscope.errors import GpuscopeError
 
-FORBIDDEN = ("textual", "rich", "textual_plotext", "plotext", "torch", "gpuscope.tui")
+FORBIDDEN = ("textual", "rich", "plotext", "torch", "gpuscope.tui")
 CORE_MODULES = sorted(
     m.name
     for package in (gpuscope.core, gpuscope.commands)
