@@ -93,7 +93,7 @@ def keep_startup_heap() -> None:
 
     Nearly all of the console's objects are made while it starts (Textual's modules, styles and
     widgets) and live until it ends, yet each full garbage collection walks them all again: about
-    50 ms of CPU every minute or so, as much as everything else the console does in a few seconds.
+    50 ms of CPU every minute or two, as much as everything else the console does in a few seconds.
     The collector is off while the console starts (the imports would run it again and again over
     the growing heap), then one collection frees the start's garbage, and the survivors are frozen
     out of later collections, which then walk only what the console made since.
