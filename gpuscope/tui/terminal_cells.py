@@ -20,6 +20,7 @@ Textual that changes them fails there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
 from itertools import groupby
 from operator import itemgetter, ne
@@ -29,8 +30,9 @@ from rich.cells import get_character_cell_size
 from rich.color import ColorSystem
 from rich.console import Console, RenderableType
 from textual import events, on
-from textual._compositor import ChopsUpdate, CompositorUpdate, LayoutUpdate
+from textual._compositor import ChopsUpdate, Compositor, CompositorUpdate, LayoutUpdate
 from textual.app import App
+from textual.geometry import Region
 from textual.screen import Screen
 from textual.strip import Strip
 
@@ -231,10 +233,92 @@ def _best_scroll(block: list[int], shift: int, unscrolled: list[int], targets: d
     return best
 
 
+class RowBandCompositor(Compositor):
+    """A compositor that renders only the rows that changed.
+
+    Textual renders a partial update over the rectangle around every changed region, and each
+    widget it touches renders all of its lines (from its cache, but line by line): a cell that
+    changed in the devices panel at the top and one in the attached process's panel near the
+    bottom made every widget in between render every row, about 350 lines for 8 changed cells on
+    a quiet node. Here the changed regions are grouped into bands of rows that touch, each band is
+    rendered over its own rectangle, and a widget renders only its rows inside that rectangle, and
+    only where no widget in front of it covers them.
+    """
+
+    def render_partial_update(self) -> ChopsUpdate | None:
+        regions = self._dirty_regions.copy()
+        self._dirty_regions.clear()
+        if not regions:
+            return None
+        spans = list(self._regions_to_spans(regions))
+        is_rendered_line = {y for y, _, _ in spans}.__contains__
+        screen = self.size.region
+        chops: list | None = None
+        for band in _row_bands(regions):
+            crop = Region.from_union(band).intersection(screen)
+            band_chops = self._render_chops(crop, is_rendered_line)
+            if chops is None:
+                chops = list(band_chops)
+            else:
+                chops[crop.y:crop.bottom] = band_chops[crop.y:crop.bottom]
+        return ChopsUpdate(chops or [], spans, [cut_set[1:] for cut_set in self.cuts])
+
+    def _get_renders(self, crop: Region | None = None) -> Iterable[tuple[Region, Region, list[Strip]]]:
+        """(region, clip, strips) of each visible widget within `crop`, front to back, as
+        Textual's own, except that a widget renders only its rows inside the crop (the region and
+        clip given are then those rows of it), and not at all where the widgets in front of it
+        cover its part of the crop (a container behind the panel that changed)."""
+        if not crop:
+            yield from super()._get_renders(crop)
+            return
+        in_front: list[Region] = []
+        for widget, (region, clip) in self.visible_widgets.items():
+            visible = region.intersection(clip)
+            needed = visible.intersection(crop)
+            if not needed or _covered(needed, in_front):
+                continue
+            shown = Region(visible.x, needed.y, visible.width, needed.height)
+            in_front.append(shown)
+            yield shown, shown, widget.render_lines(Region(visible.x - region.x, needed.y - region.y, visible.width, needed.height))
+
+
+def _covered(area: Region, regions: list[Region]) -> bool:
+    """Whether every cell of `area` lies in one of `regions`."""
+    for y in area.line_range:
+        x = area.x
+        for left, right in sorted((r.x, r.right) for r in regions if r.y <= y < r.bottom):
+            if left > x:
+                break
+            x = max(x, right)
+        if x < area.right:
+            return False
+    return True
+
+
+def _row_bands(regions: set[Region]) -> list[list[Region]]:
+    """The regions in groups whose rows touch or overlap, top to bottom."""
+    bands: list[list[Region]] = []
+    bottom = -1
+    for region in sorted(regions, key=lambda r: r.y):
+        if bands and region.y <= bottom:
+            bands[-1].append(region)
+            bottom = max(bottom, region.bottom)
+        else:
+            bands.append([region])
+            bottom = region.bottom
+    return bands
+
+
 class ChangedCellsApp(App):
-    """An App that writes to the terminal only the cells that changed (see TerminalCells)."""
+    """An App that writes to the terminal only the cells that changed (see TerminalCells), and
+    renders its main screen's changes by bands of rows (see RowBandCompositor)."""
 
     _terminal_cells: TerminalCells | None = None
+
+    def get_default_screen(self) -> Screen:
+        screen = super().get_default_screen()
+        screen._compositor = RowBandCompositor()
+        return screen
 
     @property
     def terminal_cells(self) -> TerminalCells:

@@ -258,3 +258,36 @@ async def test_the_console_sends_fewer_bytes_for_the_same_screen():
     whole, diffed = steady
     # Steady updates (new frames on the same screen) rewrite few cells: most of the bytes go.
     assert diffed < whole / 2, (whole, diffed)
+
+
+async def test_changes_far_apart_render_only_their_own_rows():
+    """A change at the top of the screen and one near the bottom: the widgets between them do
+    not render the rows between them."""
+    from textual.widget import Widget
+
+    from gpuscope.tui.terminal_cells import RowBandCompositor
+
+    source = FakeSource(node(0))
+    app = GpuScopeApp(live(source))  # (what reaches the terminal is checked above)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        source.send(node(1))
+        await pilot.pause()
+        assert isinstance(app.screen._compositor, RowBandCompositor)
+        rendered: list[int] = []
+        real = Widget.render_lines
+
+        def render_lines(self, crop):
+            rendered.append(crop.height)
+            return real(self, crop)
+
+        Widget.render_lines = render_lines
+        try:
+            for name in ("#title", "#detail"):  # one character of each, the same size
+                text = app.query_one(name).text.copy()
+                text.plain = text.plain[:-1] + ("#" if text.plain[-1] != "#" else "%")
+                app.query_one(name).set_text(text)
+            await pilot.pause()
+        finally:
+            Widget.render_lines = real
+    assert 0 < sum(rendered) <= 40, rendered  # a few rows of a few widgets, not every row between
