@@ -51,13 +51,18 @@ Y_HEADROOM = 0.25  # of the values' range (or of the value, when flat), above an
 CHART_FURNITURE_LINES = 4
 
 
+def tick_every(rows: int) -> int:
+    """Rows from one y tick to the next on a plot `rows` high."""
+    return 3 if rows > 12 else 2 if rows > 3 else 1
+
+
 def y_ticks(low: float, high: float, rows: int) -> tuple[list[float], list[str]]:
     """Ticks for a y axis from `low` (the bottom row) to `high` (the top row) over `rows` rows:
     one every other row (every third on a tall chart) from the top down, each exactly on its row,
     so the labels stand evenly spaced and say the value of the row they are on."""
     if rows < 2 or high <= low:
         return [], []
-    every = 3 if rows > 12 else 2 if rows > 3 else 1
+    every = tick_every(rows)
     per_row = (high - low) / (rows - 1)
     values = [high - per_row * row for row in range(0, rows, every)]
     step = per_row * every
@@ -124,7 +129,7 @@ def draw(figure: Figure, width: int, height: int) -> list[Cells]:
     either side, the lines inside it and their legend, the x ticks and their labels."""
     blank = (" ", None)
     rows = height - CHART_FURNITURE_LINES
-    ticks = {side: dict(zip(range(0, rows, _tick_every(rows)), y_ticks(low, high, rows)[1]))
+    ticks = {side: dict(zip(range(0, rows, tick_every(rows)), y_ticks(low, high, rows)[1]))
              for side, low, high in figure.ylims} if rows >= 2 else {}
     left_w = max((len(label) for label in ticks.get("left", {}).values()), default=0)
     right_w = max((len(label) for label in ticks.get("right", {}).values()), default=0)
@@ -162,10 +167,6 @@ def draw(figure: Figure, width: int, height: int) -> list[Cells]:
 
 
 _TITLE = Style(bold=True)
-
-
-def _tick_every(rows: int) -> int:
-    return 3 if rows > 12 else 2 if rows > 3 else 1  # as y_ticks spaces them
 
 
 def _plot(figure: Figure, plot_w: int, rows: int) -> dict[tuple[int, int], tuple[str, Style | None]]:
