@@ -1,6 +1,7 @@
 """The operator's keys (Pilot): which process a key means, the alert list, exited alerts, the keys
 users of htop, vi and k9s reach for, and from an alert to the culprit in two keys."""
 
+import threading
 import time
 
 import pytest
@@ -163,13 +164,15 @@ async def test_i_shows_the_whole_command_line():
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)])
 async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypatch, size):
     asked = []
+    clock_seen = threading.Event()
 
     def attribute(pid, duration, *, use_memray, cancelled, progress, sites_seen):
         asked.append((pid, use_memray))
         progress("memray", 0.0)
         sites_seen("memray", 7)
-        deadline = time.monotonic() + 1.5  # long enough for the clock to tick on screen
-        while time.monotonic() < deadline and not cancelled():
+        # Until the test has seen the clock tick on screen (a loaded machine can take seconds).
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline and not cancelled() and not clock_seen.is_set():
             time.sleep(0.02)
         return CULPRIT
 
@@ -188,6 +191,7 @@ async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypa
         await pilot.press("y")
         await wait_for(pilot, lambda: "memray running · 1 s" in screen_text(app))  # alive, with its clock
         assert "s left" in screen_text(app) and "7 allocation sites seen" in screen_text(app)
+        clock_seen.set()
         await wait_for(pilot, lambda: "First suspect: _remember (/srv/retriever.py:88)" in screen_text(app))
         assert asked == [(4243, True)]
         assert not isinstance(app.screen, ConfirmAttach)
