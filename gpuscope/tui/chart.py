@@ -288,7 +288,7 @@ class MemoryChart(Widget):
         if self._strips is None or self._drawn_for != (self.size, self.app.theme):
             self._build()
         width = self.size.width
-        style = self.rich_style
+        style = self.visual_style.rich_style  # cached by Textual until the styles change
         if y >= len(self._strips):
             return Strip.blank(width, style)
         return self._strips[y].apply_style(style).crop_extend(0, width, style)

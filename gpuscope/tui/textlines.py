@@ -225,7 +225,7 @@ class TextLines(Widget):
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        style = self.rich_style
+        style = self.visual_style.rich_style  # cached by Textual until the styles change
         if y >= len(self._strips):
             return Strip.blank(width, style)
         return self._strips[y].apply_style(style).crop_extend(0, width, style)

@@ -165,6 +165,25 @@ async def test_switching_theme_recolours_the_chart_lines_the_growth_column_and_t
         assert spec.colours["success"].lower() in device and device != before[2]
 
 
+async def test_each_line_s_base_style_follows_every_theme_as_textual_computes_it():
+    """Text widgets and the chart paint each line over the style Textual keeps for the widget
+    until its styles change (not walked up the DOM per line): after each theme it must still be
+    the style the widget and its ancestors make now."""
+    from gpuscope.tui.chart import MemoryChart
+    from gpuscope.tui.textlines import TextLines
+
+    app = GpuScopeApp(live(FakeSource(frame())))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        widgets = [*app.query(TextLines), app.query_one(MemoryChart)]
+        for theme in [*BUILT_IN, "gpuscope-dark"]:
+            app.theme = theme
+            await pilot.pause()
+            for widget in widgets:
+                strip = widget.render_line(widget.size.height + 1)  # past the text: the base style alone
+                assert {seg.style for seg in strip} == {widget.rich_style}, (theme, widget)
+
+
 async def test_the_wizard_marks_its_steps_in_the_theme_s_colours():
     """The diagnosis's step marks and verdict follow the theme, as the table and the chart do."""
     from gpuscope.tui.palette import palette_of
