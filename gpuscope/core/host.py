@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import resource
 import threading
 import time
 from collections.abc import Iterable
@@ -63,6 +64,8 @@ class HostCollector:
         self._cpu: dict[int, tuple[float, int, float]] = {}  # pid -> (create time, CPU ticks, when)
         self._exes: dict[tuple[int, float, bytes], str | None] = {}  # (pid, start, name) -> executable
         self._names: dict[bytes, str] = {}  # a name as /proc gives it -> printable
+        self._stat_files: dict[int, int] = {}  # pid -> its /proc/PID/stat, open between passes
+        self._stat_files_kept = _stat_files_to_keep()
         self._proc_ok = os.path.exists("/proc/self/stat")
         if self._proc_ok:
             self._ticks = os.sysconf("SC_CLK_TCK")
@@ -79,6 +82,42 @@ class HostCollector:
             return self._scan_proc()
         return self._scan_psutil()
 
+    def close(self) -> None:
+        """Close the /proc files kept open between passes (a later scan opens them again); not
+        while a scan runs."""
+        files, self._stat_files = self._stat_files, {}
+        for fd in files.values():
+            os.close(fd)
+
+    def _read_stat(self, pid: int, name: str, kept: dict[int, int]) -> bytes | None:
+        """/proc/PID/stat, None when the process is gone. The file stays open for the next pass:
+        reading it again from the start costs less than opening it by its path again. An open file
+        belongs to its process, not to the PID: once that process has gone it reads as an error,
+        never as a process that took its PID, which is then opened afresh."""
+        fd = self._stat_files.pop(pid, None)
+        if fd is not None:
+            try:
+                data = os.pread(fd, _STAT_MAX, 0)
+            except OSError:
+                os.close(fd)
+            else:
+                kept[pid] = fd
+                return data
+        try:
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+        except OSError:
+            return None  # exited while being read
+        try:
+            data = os.read(fd, _STAT_MAX)
+        except OSError:
+            os.close(fd)
+            return None
+        if len(kept) < self._stat_files_kept:
+            kept[pid] = fd
+        else:
+            os.close(fd)
+        return data
+
     def _scan_proc(self) -> list[SeenProcess]:
         # One read of /proc/PID/stat per process: the whole table costs a few ms even with
         # hundreds of processes (psutil's per-field reads cost several times more), and one stat().
@@ -91,54 +130,55 @@ class HostCollector:
         current: dict[int, tuple[float, int, float]] = {}
         exes: dict[tuple[int, float, bytes], str | None] = {}
         seen: list[SeenProcess] = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            try:
-                fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+        kept: dict[int, int] = {}
+        try:
+            for name in os.listdir("/proc"):
+                if not name.isdigit():
+                    continue
+                pid = int(name)
+                data = self._read_stat(pid, name, kept)
+                if data is None:
+                    continue  # exited while being read
+                close = data.rfind(b")")
+                fields = data[close + 2 :].split()
+                if len(fields) < 22:
+                    continue
+                used = int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+                create_time = self._boot + int(fields[19]) / ticks
                 try:
-                    data = os.read(fd, _STAT_MAX)
-                finally:
-                    os.close(fd)
-            except OSError:
-                continue  # exited while being read
-            close = data.rfind(b")")
-            fields = data[close + 2 :].split()
-            if len(fields) < 22:
-                continue
-            used = int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
-            create_time = self._boot + int(fields[19]) / ticks
-            try:
-                uid = os.stat(f"/proc/{name}").st_uid  # may change while it lives (setuid): read each pass
-            except OSError:
-                continue  # exited while being read
-            raw_name = data[data.find(b"(") + 1 : close]
-            key = (pid, create_time, raw_name)  # an exec keeps PID and start time, not the name
-            if key in known:
-                exe = known[key]
-            else:
-                try:
-                    exe = os.readlink(f"/proc/{name}/exe")
+                    uid = os.stat(f"/proc/{name}").st_uid  # may change while it lives (setuid): read each pass
                 except OSError:
-                    exe = None
-            exes[key] = exe
-            before = prior.get(pid)
-            cpu = None
-            if before is not None and before[0] == create_time and now > before[2]:
-                cpu = round(100.0 * (used - before[1]) / ticks / (now - before[2]), 1)
-            current[pid] = (create_time, used, now)
-            seen.append(
-                SeenProcess(
-                    pid=pid,
-                    create_time=create_time,
-                    name=self._name(raw_name),
-                    exe=exe,
-                    user=self._user(uid),
-                    rss=int(fields[21]) * self._page,
-                    cpu=cpu,
+                    continue  # exited while being read
+                raw_name = data[data.find(b"(") + 1 : close]
+                key = (pid, create_time, raw_name)  # an exec keeps PID and start time, not the name
+                if key in known:
+                    exe = known[key]
+                else:
+                    try:
+                        exe = os.readlink(f"/proc/{name}/exe")
+                    except OSError:
+                        exe = None
+                exes[key] = exe
+                before = prior.get(pid)
+                cpu = None
+                if before is not None and before[0] == create_time and now > before[2]:
+                    cpu = round(100.0 * (used - before[1]) / ticks / (now - before[2]), 1)
+                current[pid] = (create_time, used, now)
+                seen.append(
+                    SeenProcess(
+                        pid=pid,
+                        create_time=create_time,
+                        name=self._name(raw_name),
+                        exe=exe,
+                        user=self._user(uid),
+                        rss=int(fields[21]) * self._page,
+                        cpu=cpu,
+                    )
                 )
-            )
+        finally:
+            for fd in self._stat_files.values():  # processes gone since the last pass
+                os.close(fd)
+            self._stat_files = kept
         self._cpu = current
         self._exes = exes  # processes gone are forgotten: the cache is as big as /proc
         return seen
@@ -283,6 +323,13 @@ class HostCollector:
         timer = threading.Timer(VERSION_ASK_DELAY_S, ask)
         timer.name, timer.daemon = "gpuscope-python-version", True
         timer.start()
+
+
+def _stat_files_to_keep() -> int:
+    """How many /proc/PID/stat files a collector keeps open: a quarter of the files this process
+    may open (256 under the usual limit of 1024), the rest are opened afresh each pass."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 4096 if soft == resource.RLIM_INFINITY else max(0, min(4096, soft // 4))
 
 
 def _short_version(pid: int, name: str, exe: str | None) -> str | None:

@@ -173,6 +173,7 @@ class NodeSource:
         if self._ticker.is_alive():
             self._ticker.join(1.0)
         self._nvml.close()
+        self._host.close()
 
     def select(self, pid: int | None) -> None:
         self._selected = pid

@@ -117,3 +117,63 @@ def test_the_console_read_does_not_wait_for_the_interpreter_version(spawn_python
     assert first.python_version == "%d.%d" % sys.version_info[:2]
     full = ".".join(map(str, sys.version_info[:3]))
     assert wait_until(lambda: host.detail(child.pid, wait_for_version=False).python_version == full, timeout=20)
+
+
+def open_stat_files(pids) -> dict[int, list[int]]:
+    """The file descriptors this process holds on /proc/PID/stat of each of `pids`."""
+    out: dict[int, list[int]] = {pid: [] for pid in pids}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            parts = os.readlink(f"/proc/self/fd/{fd}").split("/")
+        except OSError:
+            continue
+        if len(parts) == 4 and parts[1] == "proc" and parts[3] == "stat" and parts[2].isdigit() and int(parts[2]) in out:
+            out[int(parts[2])].append(int(fd))
+    return out
+
+
+def test_the_scan_keeps_each_process_s_stat_file_open_and_closes_those_of_processes_gone(spawn_python):
+    child, other = spawn_python(IDLER), spawn_python(IDLER)
+    pids = (child.pid, other.pid)
+    host = HostCollector()
+    host.scan()
+    held = open_stat_files(pids)
+    assert all(len(fds) == 1 for fds in held.values())
+    host.scan()
+    assert open_stat_files(pids) == held  # read again, not opened again
+    child.kill()
+    child.wait()
+    assert child.pid not in {s.pid for s in host.scan()}
+    assert open_stat_files(pids) == {child.pid: [], other.pid: held[other.pid]}
+    host.close()
+    assert open_stat_files(pids) == {child.pid: [], other.pid: []}
+
+
+def test_a_stat_file_kept_open_for_a_process_gone_is_never_read_as_the_process_that_took_its_pid(spawn_python):
+    """A PID reused between two passes: the file kept open belongs to the process that ended, so
+    the new process is read from its own file, with its own start time and memory."""
+    gone = spawn_python(IDLER)
+    stale = os.open(f"/proc/{gone.pid}/stat", os.O_RDONLY)
+    gone.kill()
+    gone.wait()
+    child = spawn_python(LEAKER, "20")
+    host = HostCollector()
+    host.scan()
+    os.close(host._stat_files.pop(child.pid))
+    host._stat_files[child.pid] = stale  # as if the child had taken the PID of the one gone
+    row = next(s for s in host.scan() if s.pid == child.pid)
+    assert row.create_time == pytest.approx(psutil.Process(child.pid).create_time(), abs=0.05)
+    assert row.rss == pytest.approx(psutil.Process(child.pid).memory_info().rss, rel=0.2)
+    host.close()
+
+
+def test_the_scan_keeps_no_more_files_open_than_its_share_of_the_limit(spawn_python, monkeypatch):
+    monkeypatch.setattr("gpuscope.core.host._stat_files_to_keep", lambda: 2)
+    children = [spawn_python(IDLER) for _ in range(3)]
+    pids = [c.pid for c in children]
+    host = HostCollector()
+    seen = {s.pid for s in host.scan()} & {s.pid for s in host.scan()}
+    assert set(pids) <= seen
+    assert len(host._stat_files) == 2  # the first two processes listed, others opened each pass
+    assert sum(map(len, open_stat_files(pids).values())) <= 2
+    host.close()
