@@ -27,7 +27,8 @@ from gpuscope.core.redact import redact_command
 from gpuscope.core.target import interpreter_version, is_python, libpython_version, version_in_name
 from gpuscope.errors import Failure
 
-_STAT_MAX = 4096  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
+_STAT_MAX = 4096
+_MEMINFO_MAX = 256  # its first three lines, about 90 bytes  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
 _NAMES_KEPT = 4096
 VERSION_ASK_DELAY_S = 2.0  # a Python's full version is asked this long after it is first wanted
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time"]
@@ -66,6 +67,7 @@ class HostCollector:
         self._names: dict[bytes, str] = {}  # a name as /proc gives it -> printable
         self._stat_files: dict[int, int] = {}  # pid -> its /proc/PID/stat, open between passes
         self._stat_files_kept = _stat_files_to_keep()
+        self._meminfo_fd: int | None = None
         self._proc_ok = os.path.exists("/proc/self/stat")
         if self._proc_ok:
             self._ticks = os.sysconf("SC_CLK_TCK")
@@ -73,8 +75,31 @@ class HostCollector:
             self._boot = psutil.boot_time()  # the same base psutil uses for create_time
 
     def memory(self) -> HostMemory:
-        vm = psutil.virtual_memory()
-        return HostMemory(total=vm.total, used=vm.total - vm.available, available=vm.available)
+        total_available = self._meminfo() if self._proc_ok else None
+        if total_available is None:
+            vm = psutil.virtual_memory()
+            total_available = vm.total, vm.available
+        total, available = total_available
+        return HostMemory(total=total, used=total - available, available=available)
+
+    def _meminfo(self) -> tuple[int, int] | None:
+        """MemTotal and MemAvailable from /proc/meminfo (kept open and read again, as the stat
+        files are; psutil parses all of its fifty lines); None where the kernel does not give
+        MemAvailable (before 3.14), for psutil's estimate."""
+        try:
+            if self._meminfo_fd is None:
+                self._meminfo_fd = os.open("/proc/meminfo", os.O_RDONLY)
+            data = os.pread(self._meminfo_fd, _MEMINFO_MAX, 0)
+        except OSError:
+            return None
+        found = {}
+        for line in data.split(b"\n", 3)[:3]:  # MemTotal, MemFree, MemAvailable: the first lines
+            key, _, value = line.partition(b":")
+            found[key] = value
+        try:
+            return int(found[b"MemTotal"].split()[0]) * 1024, int(found[b"MemAvailable"].split()[0]) * 1024
+        except (KeyError, IndexError, ValueError):
+            return None
 
     def scan(self) -> list[SeenProcess]:
         """Every visible process with the fields needed to choose rows (no command lines yet)."""
@@ -85,8 +110,11 @@ class HostCollector:
     def close(self) -> None:
         """Close the /proc files kept open between passes (a later scan opens them again); not
         while a scan runs."""
-        files, self._stat_files = self._stat_files, {}
-        for fd in files.values():
+        files, self._stat_files = list(self._stat_files.values()), {}
+        if self._meminfo_fd is not None:
+            files.append(self._meminfo_fd)
+            self._meminfo_fd = None
+        for fd in files:
             os.close(fd)
 
     def _read_stat(self, pid: int, name: str, kept: dict[int, int]) -> bytes | None:

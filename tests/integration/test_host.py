@@ -177,3 +177,22 @@ def test_the_scan_keeps_no_more_files_open_than_its_share_of_the_limit(spawn_pyt
     assert len(host._stat_files) == 2  # the first two processes listed, others opened each pass
     assert sum(map(len, open_stat_files(pids).values())) <= 2
     host.close()
+
+
+def test_host_memory_reads_what_psutil_reads_and_asks_psutil_where_the_kernel_has_no_memavailable(tmp_path, monkeypatch):
+    host = HostCollector()
+    mine, theirs = host.memory(), psutil.virtual_memory()
+    assert mine.total == theirs.total and mine.used == mine.total - mine.available
+    assert abs(mine.available - theirs.available) < 64 * 2**20  # read a moment apart
+    with monkeypatch.context() as m:
+        m.setattr(psutil, "virtual_memory", None)  # this kernel has MemAvailable: read directly
+        assert host.memory().total == theirs.total
+    old_kernel = tmp_path / "meminfo"
+    old_kernel.write_text("MemTotal:        1000 kB\nMemFree:          600 kB\nBuffers:          100 kB\n")
+    os.close(host._meminfo_fd)
+    host._meminfo_fd = os.open(old_kernel, os.O_RDONLY)
+    estimate = type(theirs)(*[0] * len(theirs))._replace(total=1024000, available=716800)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: estimate)
+    assert host.memory() == type(mine)(total=1024000, used=1024000 - 716800, available=716800)
+    host.close()
+    assert host._meminfo_fd is None
