@@ -31,7 +31,13 @@ _STAT_MAX = 4096
 _MEMINFO_MAX = 256  # its first three lines, about 90 bytes  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
 _NAMES_KEPT = 4096
 VERSION_ASK_DELAY_S = 2.0  # a Python's full version is asked this long after it is first wanted
-_FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time"]
+_FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time", "num_threads", "status"]
+# /proc/PID/stat's state letter in psutil's words, so that both ways of reading a process say the same
+_STATUSES = {
+    b"R": "running", b"S": "sleeping", b"D": "disk-sleep", b"T": "stopped", b"t": "tracing-stop",
+    b"Z": "zombie", b"X": "dead", b"x": "dead", b"K": "wake-kill", b"W": "waking", b"I": "idle",
+    b"P": "parked",
+}
 
 
 class ProcessGone(Failure):
@@ -53,6 +59,8 @@ class SeenProcess:
     user: str | None
     rss: int | None
     cpu: float | None
+    threads: int | None = None
+    status: str | None = None  # psutil's words ("sleeping", "running", ...)
 
 
 class HostCollector:
@@ -201,6 +209,8 @@ class HostCollector:
                         user=self._user(uid),
                         rss=int(fields[21]) * self._page,
                         cpu=cpu,
+                        threads=int(fields[17]),
+                        status=_STATUSES.get(fields[0]),
                     )
                 )
         finally:
@@ -247,6 +257,8 @@ class HostCollector:
                     user=_printable_or_none(info.get("username")),
                     rss=mem.rss if mem is not None else None,
                     cpu=info.get("cpu_percent"),
+                    threads=info.get("num_threads"),
+                    status=info.get("status"),
                 )
             )
         return seen
@@ -290,11 +302,37 @@ class HostCollector:
 
     # -- the attached process -------------------------------------------------------------------
 
-    def detail(self, pid: int, python_version: bool = True, wait_for_version: bool = True) -> ProcessDetail:
+    def detail(self, pid: int, python_version: bool = True, wait_for_version: bool = True,
+               seen: SeenProcess | None = None) -> ProcessDetail:
         """Everything shown about an attached process. Raises ProcessGone / ProcessForbidden.
         `wait_for_version=False`: a Python's full version is learnt in the background (its
         interpreter runs once, tens of milliseconds or more); until then the version is the one
-        its executable's name or libpython says ("3.11"), or None."""
+        its executable's name or libpython says ("3.11"), or None.
+
+        `seen`: the process's row from the scan just made. Its user, threads and state are then
+        taken from there and its command line from the table's (read once per process), so that
+        following a process costs one more read (its folder) a pass, not eight."""
+        if seen is not None:
+            assert seen.pid == pid
+            key = (pid, seen.create_time)
+            command = self._commands.get(key)
+            if command is None:
+                command = self._commands[key] = self._command(pid, seen.name)
+            try:
+                cwd = _printable_or_none(os.readlink(f"/proc/{pid}/cwd"))
+            except OSError:
+                cwd = None
+            return ProcessDetail(
+                pid=pid,
+                user=seen.user,
+                command=command,
+                exe=_printable_or_none(seen.exe),
+                cwd=cwd,
+                threads=seen.threads,
+                python_version=self.python_version(pid, seen.name, seen.exe, wait_for_version) if python_version else None,
+                status=seen.status,
+                create_time=seen.create_time,
+            )
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():

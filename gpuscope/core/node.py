@@ -241,7 +241,8 @@ class NodeSource:
             try:
                 # The interpreter's full version is asked in the background: the first frame
                 # does not wait for another Python to start.
-                detail = self._host.detail(self._focus, wait_for_version=False)
+                row = next((s for s in seen if s.pid == self._focus), None)
+                detail = self._host.detail(self._focus, wait_for_version=False, seen=row)
             except (ProcessGone, ProcessForbidden):
                 prior = self._last.detail if self._last is not None else None
                 detail = replace(prior, exited=True, threads=None, status="exited") if prior else None

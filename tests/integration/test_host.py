@@ -1,5 +1,6 @@
 """Host processes from psutil, against real child processes."""
 
+import dataclasses
 import os
 import sys
 import time
@@ -196,3 +197,28 @@ def test_host_memory_reads_what_psutil_reads_and_asks_psutil_where_the_kernel_ha
     assert host.memory() == type(mine)(total=1024000, used=1024000 - 716800, available=716800)
     host.close()
     assert host._meminfo_fd is None
+
+
+def test_following_a_process_from_the_scan_says_what_psutil_says_and_reads_its_command_once(spawn_python, monkeypatch):
+    import signal
+
+    child = spawn_python(IDLER, "--api-key", "sk-live-123")
+    host = HostCollector()
+
+    def both():
+        row = next(s for s in host.scan() if s.pid == child.pid)
+        return host.detail(child.pid, seen=row), host.detail(child.pid)
+
+    followed, full = both()
+    assert followed == full and followed.status == "sleeping" and "sk-live-123" not in followed.command
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: psutil.Process(child.pid).status() == "stopped", timeout=5)
+        followed, full = both()
+        assert followed == full and followed.status == "stopped"
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    row = next(s for s in host.scan() if s.pid == child.pid)
+    monkeypatch.setattr(psutil, "Process", None)  # the command line is the table's, read once
+    again = host.detail(child.pid, seen=row)
+    assert dataclasses.replace(again, status=None) == dataclasses.replace(full, status=None)
