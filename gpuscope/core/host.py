@@ -311,7 +311,7 @@ class HostCollector:
 
         `seen`: the process's row from the scan just made. Its user, threads and state are then
         taken from there and its command line from the table's (read once per process), so that
-        following a process costs one more read (its folder) a pass, not eight."""
+        following a process costs one more read (its folder) a pass, not five."""
         if seen is not None:
             assert seen.pid == pid
             key = (pid, seen.create_time)
