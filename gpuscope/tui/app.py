@@ -51,6 +51,8 @@ from gpuscope.tui.workspace import Workspace
 
 # Screens opened by a key are imported when first opened: the first frame does not wait for them.
 if TYPE_CHECKING:
+    from textual.driver import Driver
+
     from gpuscope.core.serving_model import ServingSnapshot
     from gpuscope.tui.fleet import FleetView
 
@@ -139,6 +141,15 @@ class GpuScopeApp(ChangedCellsApp):
         from rich.traceback import Traceback
 
         self.panic(Traceback(show_locals=False, width=None))
+
+    def get_driver_class(self) -> type[Driver]:
+        # An input thread that sleeps until there is input (gpuscope.tui.input_driver).
+        driver = super().get_driver_class()
+        if driver.__name__ == "LinuxDriver":  # Textual's, not one chosen through TEXTUAL_DRIVER
+            from gpuscope.tui.input_driver import IdleInputDriver
+
+            return IdleInputDriver
+        return driver
 
     def __init__(
         self,
