@@ -393,9 +393,10 @@ class HostCollector:
 
 def _stat_files_to_keep() -> int:
     """How many /proc/PID/stat files a collector keeps open: a quarter of the files this process
-    may open (256 under the usual limit of 1024), the rest are opened afresh each pass."""
+    may open, at most 512 (the rest are opened afresh each pass), so that the descriptors of
+    everything else stay below 1024, where code that still uses select() can wait on them."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return 4096 if soft == resource.RLIM_INFINITY else max(0, min(4096, soft // 4))
+    return 512 if soft == resource.RLIM_INFINITY else max(0, min(512, soft // 4))
 
 
 def _short_version(pid: int, name: str, exe: str | None) -> str | None:
