@@ -1,8 +1,9 @@
-"""Host processes and memory from psutil.
+"""Host processes and memory, from /proc (through psutil where there is none).
 
-One pass over /proc per read with cheap fields only; command lines (redacted) are read for the
-processes that will be shown and cached by (pid, create_time), so PID reuse is never confused
-with the old process. A process that exits mid-read is simply not in the result.
+One pass over /proc per read with cheap fields only, its files kept open from one pass to the
+next; command lines (redacted) are read for the processes that will be shown and cached by (pid,
+create_time), so PID reuse is never confused with the old process. A process that exits mid-read
+is simply not in the result.
 
 Every text read here is its owner's choice (a process can name itself, its arguments and its
 folder anything, escape sequences included): names, users, command lines, folders enter the
@@ -27,8 +28,8 @@ from gpuscope.core.redact import redact_command
 from gpuscope.core.target import interpreter_version, is_python, libpython_version, version_in_name
 from gpuscope.errors import Failure
 
-_STAT_MAX = 4096
-_MEMINFO_MAX = 256  # its first three lines, about 90 bytes  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
+_STAT_MAX = 4096  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
+_MEMINFO_MAX = 256  # /proc/meminfo's first three lines, about 90 bytes
 _NAMES_KEPT = 4096
 VERSION_ASK_DELAY_S = 2.0  # a Python's full version is asked this long after it is first wanted
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time", "num_threads", "status"]
