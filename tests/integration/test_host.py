@@ -160,7 +160,9 @@ def test_a_stat_file_kept_open_for_a_process_gone_is_never_read_as_the_process_t
     child = spawn_python(LEAKER, "20")
     host = HostCollector()
     host.scan()
-    os.close(host._stat_files.pop(child.pid))
+    kept = host._stat_files.pop(child.pid, None)
+    if kept is not None:
+        os.close(kept)
     host._stat_files[child.pid] = stale  # as if the child had taken the PID of the one gone
     row = next(s for s in host.scan() if s.pid == child.pid)
     assert row.create_time == pytest.approx(psutil.Process(child.pid).create_time(), abs=0.05)
@@ -205,17 +207,21 @@ def test_following_a_process_from_the_scan_says_what_psutil_says_and_reads_its_c
     child = spawn_python(IDLER, "--api-key", "sk-live-123")
     host = HostCollector()
 
-    def both():
-        row = next(s for s in host.scan() if s.pid == child.pid)
-        return host.detail(child.pid, seen=row), host.detail(child.pid)
+    def both(status):
+        """The detail read both ways, once the child reads `status` both times (a sleeping
+        child is running now and then)."""
+        def read():
+            row = next(s for s in host.scan() if s.pid == child.pid)
+            followed, full = host.detail(child.pid, seen=row), host.detail(child.pid)
+            return (followed, full) if followed.status == full.status == status else None
+        return wait_until(read, timeout=10, interval=0.05, what=f"the child {status}")
 
-    followed, full = both()
-    assert followed == full and followed.status == "sleeping" and "sk-live-123" not in followed.command
+    followed, full = both("sleeping")
+    assert followed == full and "sk-live-123" not in followed.command
     os.kill(child.pid, signal.SIGSTOP)
     try:
-        assert wait_until(lambda: psutil.Process(child.pid).status() == "stopped", timeout=5)
-        followed, full = both()
-        assert followed == full and followed.status == "stopped"
+        followed, full = both("stopped")
+        assert followed == full
     finally:
         os.kill(child.pid, signal.SIGCONT)
     row = next(s for s in host.scan() if s.pid == child.pid)

@@ -141,6 +141,9 @@ class Host:
     def detail(self, pid: int):
         raise AssertionError("nothing is attached in this test")
 
+    def close(self) -> None:
+        pass
+
 
 class Nvml:
     def read(self) -> NvmlReading:

@@ -83,6 +83,9 @@ def test_the_grow_column_is_the_leak_watch_s_reading():
         def complete(self, seen):
             return [HostProcess(s.pid, s.create_time, s.user, s.name, "python svc.py", s.rss, s.cpu, True) for s in seen]
 
+        def close(self):
+            pass
+
     class Nvml:
         def read(self):
             return NvmlReading(status="no NVIDIA driver")
