@@ -41,6 +41,11 @@ def own_settings(tmp_path_factory, monkeypatch):
     base = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))
+    # Probes of this test's children go in its own runtime folder, where the other workers' probe
+    # listings (which remove dead processes' sockets) do not look and which they do not change.
+    runtime = base / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     for name in ("GPUSCOPE_CONFIG", "GPUSCOPE_THEME", "GPUSCOPE_REFRESH", "NO_COLOR", "TEXTUAL_COLOR_SYSTEM"):
         monkeypatch.delenv(name, raising=False)
 
