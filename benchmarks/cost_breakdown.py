@@ -35,8 +35,8 @@ import time
 
 import psutil
 
-from _harness import LEAKER, ROOT, Cleanup, dump_json, install_signal_handlers, machine, print_table, quote, run_script, summary, wait_until
-from side_by_side import FAKE_NVML, scenario
+from _harness import Cleanup, dump_json, install_signal_handlers, machine, print_table, quote, run_script, summary, wait_until
+from side_by_side import on_fake_nvml, start_node
 
 # (module, class, method, what it is): timed while the console runs. Private names are the
 # console's own; a part that is renamed fails the run with its name, not a wrong table.
@@ -84,14 +84,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def one_round(node: str, warmup: float, window: float) -> dict:
     with Cleanup() as cleanup:
-        leaker = cleanup.spawn_python(LEAKER, "300")
-        idlers = [cleanup.popen(["sleep", "100000"]).pid for _ in range(199)] if node == "big" else []
-        nvml = cleanup.tmpdir / "nvml.json"
-        nvml.write_text(json.dumps(scenario(node, leaker.pid, idlers)))
+        leaker = start_node(node, cleanup)
         result = cleanup.tmpdir / "result.json"
-        path = os.pathsep.join([str(FAKE_NVML), str(ROOT)])
         tmux = cleanup.tmux(quote([
-            "env", f"PYTHONPATH={path}", f"GPUSCOPE_FAKE_NVML={nvml}", sys.executable, __file__,
+            *on_fake_nvml(cleanup), sys.executable, __file__,
             "--inside", str(result), "--warmup", str(warmup), "--window", str(window),
             "--refresh", "1", "--pid", str(leaker.pid),
         ]), name="costs")

@@ -15,15 +15,13 @@ Everything started is killed on exit, error or Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
 import psutil
 
-from _harness import LEAKER, ROOT, Cleanup, install_signal_handlers, quote, run_script, wait_until
-from side_by_side import FAKE_NVML, scenario
+from _harness import Cleanup, install_signal_handlers, quote, run_script, wait_until
+from side_by_side import on_fake_nvml, start_node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,12 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     marks = sorted(float(m) for m in args.at.split(","))
     install_signal_handlers()
     with Cleanup() as cleanup:
-        leaker = cleanup.spawn_python(LEAKER, "300")
-        idlers = [cleanup.popen(["sleep", "100000"]).pid for _ in range(199)] if args.node == "big" else []
-        nvml = cleanup.tmpdir / "nvml.json"
-        nvml.write_text(json.dumps(scenario(args.node, leaker.pid, idlers)))
-        path = os.pathsep.join([str(FAKE_NVML), str(ROOT)])
-        command = quote(["env", f"PYTHONPATH={path}", f"GPUSCOPE_FAKE_NVML={nvml}", sys.executable, "-m", "gpuscope",
+        leaker = start_node(args.node, cleanup)
+        command = quote([*on_fake_nvml(cleanup), sys.executable, "-m", "gpuscope",
                          "--refresh", str(args.refresh), "--pid", str(leaker.pid)])
         tmux = cleanup.tmux(command, name="rss")
         started = time.perf_counter()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -79,6 +80,22 @@ def scenario(node: str, leaker: int, idlers: list[int]) -> dict:
     return {"devices": devices}
 
 
+def start_node(node: str, cleanup: Cleanup, leak_mb: int = 300) -> subprocess.Popen:
+    """The node's processes (the leaking child; on the big node 199 idle ones beside it) and the
+    fake NVML's scenario for them (`cleanup.tmpdir / "nvml.json"`); returns the leaking child."""
+    leaker = cleanup.spawn_python(LEAKER, str(leak_mb))
+    idlers = [cleanup.popen(["sleep", "100000"]).pid for _ in range(199)] if node == "big" else []
+    (cleanup.tmpdir / "nvml.json").write_text(json.dumps(scenario(node, leaker.pid, idlers)))
+    return leaker
+
+
+def on_fake_nvml(cleanup: Cleanup) -> list[str]:
+    """`env` with the fake binding first, then this tree's gpuscope (so a copy of the tree measures
+    itself), reading the scenario `start_node` wrote."""
+    path = os.pathsep.join([str(FAKE_NVML), str(ROOT)])
+    return ["env", f"PYTHONPATH={path}", f"GPUSCOPE_FAKE_NVML={cleanup.tmpdir / 'nvml.json'}"]
+
+
 def command(tool: str, leaker: int, cleanup: Cleanup) -> str:
     if tool == "htop":
         htoprc = cleanup.tmpdir / "htoprc"
@@ -88,9 +105,7 @@ def command(tool: str, leaker: int, cleanup: Cleanup) -> str:
         args = [sys.executable, "-m", "gpuscope", "--refresh", "1", "--pid", str(leaker)]
     else:
         args = [sys.executable, "-m", "nvitop", "--interval", "1"]
-    # The fake binding first, then this tree's gpuscope (so a copy of the tree measures itself).
-    path = os.pathsep.join([str(FAKE_NVML), str(ROOT)])
-    return quote(["env", f"PYTHONPATH={path}", f"GPUSCOPE_FAKE_NVML={cleanup.tmpdir / 'nvml.json'}", *args])
+    return quote([*on_fake_nvml(cleanup), *args])
 
 
 def node_shown(tool: str, screen: str, leaker: int) -> bool:
@@ -142,13 +157,7 @@ def run_once(tool: str, node: str, cleanup: Cleanup, args: argparse.Namespace, l
 
 
 def measure_node(node: str, tools: list[str], cleanup: Cleanup, args: argparse.Namespace) -> dict:
-    leaker = cleanup.spawn_python(LEAKER, str(args.leak_mb))
-    idlers = []
-    if node == "big":
-        for _ in range(199):
-            idle = cleanup.popen(["sleep", "100000"])
-            idlers.append(idle.pid)
-    (cleanup.tmpdir / "nvml.json").write_text(json.dumps(scenario(node, leaker.pid, idlers)))
+    leaker = start_node(node, cleanup, args.leak_mb)
     runs: dict[str, list[dict]] = {tool: [] for tool in tools}
     for round_ in range(args.rounds):
         for tool in tools:
