@@ -269,18 +269,14 @@ class HostCollector:
         out: list[HostProcess] = []
         live: set[tuple[int, float]] = set()
         for s in seen:
-            key = (s.pid, s.create_time)
-            live.add(key)
-            command = self._commands.get(key)
-            if command is None:
-                command = self._commands[key] = self._command(s.pid, s.name)
+            live.add((s.pid, s.create_time))
             out.append(
                 HostProcess(
                     pid=s.pid,
                     create_time=s.create_time,
                     user=s.user,
                     name=s.name,
-                    command=command,
+                    command=self._cached_command(s),
                     rss_bytes=s.rss,
                     cpu_percent=s.cpu,
                     is_python=is_python(s.name, s.exe),
@@ -290,6 +286,14 @@ class HostCollector:
         for key in [k for k in self._commands if k not in live]:
             del self._commands[key]
         return out
+
+    def _cached_command(self, seen: SeenProcess) -> str:
+        """The process's redacted command line, read once per process (pid and start time)."""
+        key = (seen.pid, seen.create_time)
+        command = self._commands.get(key)
+        if command is None:
+            command = self._commands[key] = self._command(seen.pid, seen.name)
+        return command
 
     @staticmethod
     def _command(pid: int, name: str) -> str:
@@ -315,10 +319,7 @@ class HostCollector:
         following a process costs one more read (its folder) a pass, not five."""
         if seen is not None:
             assert seen.pid == pid
-            key = (pid, seen.create_time)
-            command = self._commands.get(key)
-            if command is None:
-                command = self._commands[key] = self._command(pid, seen.name)
+            command = self._cached_command(seen)
             try:
                 cwd = _printable_or_none(os.readlink(f"/proc/{pid}/cwd"))
             except OSError:
