@@ -31,25 +31,28 @@ change it live). `CALLS` lists the entry points called, in order, and each load 
 
 import collections
 import ctypes
+import importlib.machinery
 import json
 import os
 import sys
 
 
-def _real_source() -> tuple[str, str]:
+def _real_code():
+    """The installed binding's code, from its bytecode cache as a plain import of it would have it:
+    compiling its source at each import holds the interpreter's lock for tens of milliseconds, which
+    a consumer that imports NVML in a thread (gpuscope, nvitop) would pay at start and the real
+    binding does not make it pay."""
     here = os.path.abspath(__file__)
     for entry in sys.path:
         candidate = os.path.abspath(os.path.join(entry or ".", "pynvml.py"))
         if candidate != here and os.path.isfile(candidate):
-            with open(candidate, encoding="utf-8") as f:
-                return f.read(), candidate
+            return importlib.machinery.SourceFileLoader("pynvml", candidate).get_code("pynvml"), candidate
     raise ImportError("the fake pynvml needs nvidia-ml-py installed (it runs the real binding over a fake driver)")
 
 
-_source, _REAL_PATH = _real_source()
-# dont_inherit: the binding is compiled with its own future flags, not this file's.
-exec(compile(_source, _REAL_PATH, "exec", dont_inherit=True), globals())  # noqa: S102
-del _source
+_code_object, _REAL_PATH = _real_code()
+exec(_code_object, globals())  # noqa: S102 - the real binding's own code, compiled as its import would
+del _code_object
 
 _SCENARIO = None
 _FILE_CACHE = {"key": None, "scenario": None}
