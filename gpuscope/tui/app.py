@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from functools import partial, wraps
 
 from textual import on, work
-from textual.app import ComposeResult, SystemCommand
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.color import Color
@@ -175,6 +175,11 @@ class GpuScopeApp(ChangedCellsApp):
         self._started = False
         self._theme_names: list[str] = [DEFAULT_THEME]
         self._no_colour = NoColor()
+        specs, self._theme_problems = load_themes()
+        for spec in specs.values():
+            self.register_theme(textual_theme(spec))
+        self._theme_names = sorted(specs)
+        self._start_theme(self._theme_name if self._theme_name in specs else DEFAULT_THEME)
 
     def get_system_commands(self, screen) -> Iterable[SystemCommand]:
         """Every key's action is also in the command palette (Ctrl+P): the mouse and keys are optional."""
@@ -414,6 +419,16 @@ class GpuScopeApp(ChangedCellsApp):
 
     # -- themes ------------------------------------------------------------------------------------
 
+    def _start_theme(self, name: str) -> None:
+        """Start in theme `name` as Textual starts in its default one: the stylesheet is first
+        parsed with its colours. Setting `theme` (its watcher) would have Textual parse the whole
+        stylesheet again and restyle every widget once the console is up: ~50 ms of a ~0.5 s start."""
+        self.set_reactive(App.theme, name)
+        dark = self.current_theme.dark
+        self.update_classes({f"-theme-{name}": True, "-dark-mode": dark, "-light-mode": not dark}, update=False)
+        self._refresh_truecolor_filter(self.ansi_theme)  # as the watcher does: ANSI colours mapped for this theme
+        self.stylesheet.set_variables(self.get_css_variables())
+
     def action_next_theme(self) -> None:
         names = self._theme_names
         at = names.index(self.theme) if self.theme in names else -1
@@ -455,12 +470,7 @@ class GpuScopeApp(ChangedCellsApp):
         yield Footer()
 
     def on_mount(self) -> None:
-        specs, problems = load_themes()
-        for spec in specs.values():
-            self.register_theme(textual_theme(spec))
-        self._theme_names = sorted(specs)
-        self.theme = self._theme_name if self._theme_name in specs else DEFAULT_THEME
-        for problem in problems:
+        for problem in self._theme_problems:
             self.notify(problem, title="theme file skipped", severity="warning", timeout=10)
         self._theme_styles()
         self.query_one(ProcessTable).focus()

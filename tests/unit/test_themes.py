@@ -206,3 +206,30 @@ async def test_the_wizard_marks_its_steps_in_the_theme_s_colours():
         assert before != after
         styles = {str(span.style) for span in wizard.query_one("#wizard-title").text.spans}
         assert any(after.success in s or after.error in s or after.warning in s for s in styles), styles
+
+
+@pytest.mark.parametrize("theme", ["gpuscope-light", "gpuscope-dark"])
+async def test_the_chosen_theme_is_in_the_first_paint_and_the_css_is_parsed_once(monkeypatch, theme):
+    """Switching theme makes Textual parse the whole stylesheet again and restyle every widget
+    (~50 ms of a start of ~0.5 s): the chosen theme is set before the stylesheet is first parsed."""
+    from textual.css import stylesheet
+
+    parsed = []
+    real_parse = stylesheet.parse
+
+    def parse(scope, css, read_from, **kwargs):
+        parsed.append(str(read_from[0]))
+        return real_parse(scope, css, read_from, **kwargs)
+
+    monkeypatch.setattr(stylesheet, "parse", parse)
+    spec = load_themes()[0][theme]
+    app = GpuScopeApp(live(FakeSource(frame())), theme=theme)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert app.theme == theme
+        assert app.screen.styles.background.hex.lower() == spec.colours["background"].lower()
+        dark = theme != "gpuscope-light"
+        assert app.has_class(f"-theme-{theme}") and app.has_class("-dark-mode") == dark != app.has_class("-light-mode")
+        assert len([p for p in parsed if p.endswith("gpuscope.tcss")]) == 1, parsed
+        await pilot.press("t")  # and a switch afterwards is Textual's own
+        assert app.theme != theme and not app.has_class(f"-theme-{theme}")
