@@ -18,7 +18,7 @@ import resource
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
@@ -31,6 +31,12 @@ from gpuscope.errors import Failure
 _STAT_MAX = 4096  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
 _MEMINFO_MAX = 256  # /proc/meminfo's first three lines, about 90 bytes
 _NAMES_KEPT = 4096
+# A process whose /proc/PID/stat reads exactly as on the last pass has not run since (its CPU
+# ticks, page faults, state and size are all there): its row is taken again as it was, without
+# asking its owner again, for at most this many passes. Changing owner (setuid) takes running,
+# which nearly always moves a counter; this bounds how long the rare one that does not could show
+# its old owner.
+_UNCHANGED_PASSES = 10
 VERSION_ASK_DELAY_S = 2.0  # a Python's full version is asked this long after it is first wanted
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time", "num_threads", "status"]
 # /proc/PID/stat's state letter in psutil's words, so that both ways of reading a process say the same
@@ -75,6 +81,8 @@ class HostCollector:
         self._exes: dict[tuple[int, float, bytes], str | None] = {}  # (pid, start, name) -> executable
         self._names: dict[bytes, str] = {}  # a name as /proc gives it -> printable
         self._stat_files: dict[int, int] = {}  # pid -> its /proc/PID/stat, open between passes
+        # pid -> (its stat line, its row, the exe cache's key, passes since its owner was read), as of the last pass
+        self._last_pass: dict[int, tuple[bytes, SeenProcess, tuple[int, float, bytes], int]] = {}
         self._stat_files_kept = _stat_files_to_keep()
         self._meminfo_fd: int | None = None
         self._proc_ok = os.path.exists("/proc/self/stat")
@@ -157,13 +165,16 @@ class HostCollector:
 
     def _scan_proc(self) -> list[SeenProcess]:
         # One read of /proc/PID/stat per process: the whole table costs a few ms even with
-        # hundreds of processes (psutil's per-field reads cost several times more), and one stat().
+        # hundreds of processes (psutil's per-field reads cost several times more), and one stat()
+        # for its owner, none for a process whose line has not changed (most of them, idle).
         # The executable is read once per program: known by PID, start time and name, so that a
         # reused PID or an exec is read afresh.
         now = time.monotonic()
         ticks = self._ticks
         prior = self._cpu
         known = self._exes
+        last = self._last_pass
+        this_pass: dict[int, tuple[bytes, SeenProcess, tuple[int, float, bytes], int]] = {}
         current: dict[int, tuple[float, int, float]] = {}
         exes: dict[tuple[int, float, bytes], str | None] = {}
         seen: list[SeenProcess] = []
@@ -176,6 +187,18 @@ class HostCollector:
                 data = self._read_stat(pid, name, kept)
                 if data is None:
                     continue  # exited while being read
+                before_pass = last.get(pid)
+                if before_pass is not None and before_pass[0] == data and before_pass[3] < _UNCHANGED_PASSES:
+                    _, row, key, passes = before_pass
+                    create_time, used, when = prior[pid]
+                    cpu = 0.0 if now > when else None  # no tick used since the last pass
+                    if row.cpu != cpu:
+                        row = replace(row, cpu=cpu)
+                    current[pid] = (create_time, used, now)
+                    exes[key] = known[key]
+                    this_pass[pid] = (data, row, key, passes + 1)
+                    seen.append(row)
+                    continue
                 close = data.rfind(b")")
                 fields = data[close + 2 :].split()
                 if len(fields) < 22:
@@ -201,23 +224,24 @@ class HostCollector:
                 if before is not None and before[0] == create_time and now > before[2]:
                     cpu = round(100.0 * (used - before[1]) / ticks / (now - before[2]), 1)
                 current[pid] = (create_time, used, now)
-                seen.append(
-                    SeenProcess(
-                        pid=pid,
-                        create_time=create_time,
-                        name=self._name(raw_name),
-                        exe=exe,
-                        user=self._user(uid),
-                        rss=int(fields[21]) * self._page,
-                        cpu=cpu,
-                        threads=int(fields[17]),
-                        status=_STATUSES.get(fields[0]),
-                    )
+                row = SeenProcess(
+                    pid=pid,
+                    create_time=create_time,
+                    name=self._name(raw_name),
+                    exe=exe,
+                    user=self._user(uid),
+                    rss=int(fields[21]) * self._page,
+                    cpu=cpu,
+                    threads=int(fields[17]),
+                    status=_STATUSES.get(fields[0]),
                 )
+                this_pass[pid] = (data, row, key, 0)
+                seen.append(row)
         finally:
             for fd in self._stat_files.values():  # processes gone since the last pass
                 os.close(fd)
             self._stat_files = kept
+        self._last_pass = this_pass
         self._cpu = current
         self._exes = exes  # processes gone are forgotten: the cache is as big as /proc
         return seen

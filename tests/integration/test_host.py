@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import signal
 import sys
 import time
 
@@ -180,6 +181,44 @@ def test_the_scan_keeps_no_more_files_open_than_its_share_of_the_limit(spawn_pyt
     assert len(host._stat_files) == 2  # the first two processes listed, others opened each pass
     assert sum(map(len, open_stat_files(pids).values())) <= 2
     host.close()
+
+
+def test_a_process_whose_stat_line_is_unchanged_is_taken_as_it_was_and_its_owner_read_again_in_time(spawn_python, monkeypatch):
+    """A stopped process's /proc/PID/stat reads the same each pass: its row is the last one (CPU
+    0.0), as a full read gives it, without asking its owner, until the owner is due again; a
+    process that runs is read afresh each pass."""
+    from gpuscope.core import host as host_module
+
+    stopped, running = spawn_python(IDLER), spawn_python(LEAKER, "20")
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        host = HostCollector()
+        wait_until(lambda: next(s for s in host.scan() if s.pid == stopped.pid).status == "stopped")
+        host.scan()
+        asked: list[int] = []
+        real_stat = os.stat
+
+        def stat(path, *args, **kwargs):
+            parts = str(path).split("/")
+            if len(parts) == 3 and parts[1] == "proc" and parts[2].isdigit():
+                asked.append(int(parts[2]))
+            return real_stat(path, *args, **kwargs)
+
+        monkeypatch.setattr(host_module.os, "stat", stat)
+        time.sleep(0.3)  # the running one grows 200 KB every 0.1 s
+        rows = {s.pid: s for s in host.scan()}
+        assert stopped.pid not in asked and running.pid in asked
+        assert rows[stopped.pid].cpu == 0.0
+        fresh = HostCollector()
+        assert dataclasses.replace(rows[stopped.pid], cpu=None) == next(s for s in fresh.scan() if s.pid == stopped.pid)
+        fresh.close()
+        asked.clear()
+        for _ in range(host_module._UNCHANGED_PASSES):
+            host.scan()
+        assert stopped.pid in asked  # its owner, read again within the bound
+        host.close()
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
 
 
 def test_host_memory_reads_what_psutil_reads_and_asks_psutil_where_the_kernel_has_no_memavailable(tmp_path, monkeypatch):
