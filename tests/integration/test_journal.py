@@ -254,3 +254,38 @@ def test_an_export_after_close_says_so_instead_of_waiting(tmp_path):
     j.close()
     with pytest.raises(OSError, match="already closed"):
         j.export(tmp_path / "late.gpuscope").result(5)
+
+
+def test_the_writer_wakes_once_for_what_arrives_together_and_never_on_a_timer(tmp_path):
+    """Each timed wake-up of an idle thread costs CPU on a quiet node: the writer waits for the
+    next record without a timeout, and takes what is queued with it into one transaction."""
+    j = Journal(tmp_path / "s.gpuscope")
+    waits: list[tuple[bool, float | None]] = []
+    commits: list[int] = []
+    real_get, real_commit = j._queue.get, j._commit
+
+    def get(block=True, timeout=None):
+        waits.append((block, timeout))
+        return real_get(block, timeout)
+
+    def commit(writes):
+        if writes:
+            commits.append(len(writes))
+        real_commit(writes)
+
+    j._queue.get, j._commit = get, commit  # the writer looks both up each time
+    frames = session_frames(6)
+    for f in frames[:3]:
+        j.frame(f)
+        time.sleep(0.1)
+    with j._queue.mutex:  # three arriving together
+        j._queue.queue.extend(("frame", f) for f in frames[3:])
+        j._queue.unfinished_tasks += 3
+        j._queue.not_empty.notify()
+    time.sleep(0.2)
+    j.close()
+    assert [timeout for block, timeout in waits if block and timeout is not None] == []
+    assert commits == [1, 1, 1, 3]
+    conn = sqlite3.connect(tmp_path / "s.gpuscope")
+    assert conn.execute("SELECT count(*) FROM frames").fetchone()[0] == 6
+    conn.close()

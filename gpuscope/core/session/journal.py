@@ -115,12 +115,12 @@ class Journal:
         conn = self._conn
         closing = False
         while not closing:
-            item = self._queue.get()
-            batch = [item]
-            deadline = time.monotonic() + 0.05  # gather what arrived together into one transaction
+            batch = [self._queue.get()]
+            # What is queued already goes into the same transaction; nothing is waited for (a
+            # timed wait for company would wake the thread a second time for each sample).
             while True:
                 try:
-                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                    batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
             writes: list[tuple[str, Any]] = []
