@@ -28,12 +28,18 @@ def level(used: int | None, total: int | None) -> tuple[str, str]:
     return next((colour, mark) for at_least, colour, mark in LEVELS if share >= at_least)
 
 
-def bar(used: int | None, total: int | None, width: int, palette: Palette = DEFAULT_PALETTE) -> Text:
+def fill(used: int | None, total: int | None, width: int) -> tuple[int, str] | None:
+    """A bar's cells filled and the palette's colour for them; None for an empty bar (nothing known)."""
     if not used or not total or width <= 0:
+        return None
+    return max(0, min(width, round(width * used / total))), level(used, total)[0]
+
+
+def bar(filled: tuple[int, str] | None, width: int, palette: Palette = DEFAULT_PALETTE) -> Text:
+    if filled is None:
         return Text("░" * width, style="dim")
-    filled = max(0, min(width, round(width * used / total)))
-    colour, _ = level(used, total)
-    return Text.assemble(("█" * filled, getattr(palette, colour)), ("░" * (width - filled), "dim"))
+    cells, colour = filled
+    return Text.assemble(("█" * cells, getattr(palette, colour)), ("░" * (width - cells), "dim"))
 
 
 def percent(used: int | None, total: int | None) -> str:
@@ -66,8 +72,12 @@ class DevicesPanel(Vertical):
 
     palette = DEFAULT_PALETTE
     _frame: Frame | None = None
+    _view: tuple | None = None  # what the panel shows now, as plain values
 
     def on_mount(self) -> None:
+        # Looked up once: the panel is redrawn every tick.
+        self._names, self._bars, self._numbers, self._status, self._notices = (
+            self.query_one(f"#{i}", TextLines) for i in ("dev-names", "dev-bars", "dev-numbers", "nvml-status", "notices"))
         follow_theme(self, self._use_palette)
 
     def _use_palette(self, palette: Palette) -> None:
@@ -78,51 +88,55 @@ class DevicesPanel(Vertical):
     @property
     def plain(self) -> str:
         """The panel as a reader sees it, line by line (for tests and reports)."""
-        names, bars, numbers = (self.query_one(f"#{i}", TextLines).text.plain.split("\n")
-                                for i in ("dev-names", "dev-bars", "dev-numbers"))
+        names, bars, numbers = (column.text.plain.split("\n") for column in (self._names, self._bars, self._numbers))
         rows = [f"{n} {b} {v}" for n, b, v in zip(names, bars, numbers)]
-        extra = [self.query_one(f"#{i}", TextLines).text.plain for i in ("nvml-status", "notices")]
-        return "\n".join([extra[0], *rows, extra[1]]).strip("\n")
+        return "\n".join([self._status.text.plain, *rows, self._notices.text.plain]).strip("\n")
 
     def show(self, frame: Frame) -> None:
         self._frame = frame
         p = self.palette
         wide = self.size.width >= 110
         name_width = 22 if wide else 12
-        bar_width = max(1, self.query_one("#dev-bars").size.width or 20)
-        names: list[Text] = []
-        bars: list[Text] = []
-        numbers: list[Text] = []
+        bar_width = max(1, self._bars.size.width or 20)
+        # What the lines say, as plain values first: most ticks change no cell of this panel (the
+        # numbers move by less than they are rounded to), and then nothing more is built.
+        lines_shown: list[tuple[str, str | None, tuple[int, str] | None, str]] = []  # name, error, bar, numbers
         for d in frame.nvml.devices:
             # Three columns joined line by line: a newline inside a name would shift the others.
-            names.append(Text(f"GPU{d.index:<2} {printable(d.name)[:name_width]:<{name_width}}"))
+            name = f"GPU{d.index:<2} {printable(d.name)[:name_width]:<{name_width}}"
             if d.error:
-                bars.append(Text(f"✖ {printable(d.error)}", style=f"bold {p.error}", no_wrap=True, overflow="ellipsis"))
-                numbers.append(Text(""))
+                lines_shown.append((name, printable(d.error), None, ""))
                 continue
             util = "N/A" if d.utilization is None else f"{d.utilization}%"
             temp = "" if d.temperature is None else f" {d.temperature}°C"
-            bars.append(bar(d.memory_used, d.memory_total, bar_width, p))
-            numbers.append(Text(
-                f"{format_bytes(d.memory_used):>6}/{format_bytes(d.memory_total):<6}"
-                f" {percent(d.memory_used, d.memory_total)} util {util:>4}{temp}"
-            ))
+            numbers = (f"{format_bytes(d.memory_used):>6}/{format_bytes(d.memory_total):<6}"
+                       f" {percent(d.memory_used, d.memory_total)} util {util:>4}{temp}")
+            lines_shown.append((name, None, fill(d.memory_used, d.memory_total, bar_width), numbers))
         host = frame.host
         if host is not None:
-            names.append(Text(f"HOST  {printable(frame.hostname)[:name_width]:<{name_width}}"))
-            bars.append(bar(host.used, host.total, bar_width, p))
-            numbers.append(Text(f"{format_bytes(host.used):>6}/{format_bytes(host.total):<6} {percent(host.used, host.total)}"))
-        self.query_one("#dev-names", TextLines).set_text(lines(names))
-        self.query_one("#dev-bars", TextLines).set_text(lines(bars))
-        self.query_one("#dev-numbers", TextLines).set_text(lines(numbers))
+            lines_shown.append((f"HOST  {printable(frame.hostname)[:name_width]:<{name_width}}", None,
+                                fill(host.used, host.total, bar_width),
+                                f"{format_bytes(host.used):>6}/{format_bytes(host.total):<6} {percent(host.used, host.total)}"))
+        status = printable(frame.nvml.status) if frame.nvml.status else ""
+        notices = tuple(printable(n) for n in frame.notices)
+        view = (tuple(lines_shown), status, notices, bar_width, p)
+        if view == self._view:
+            return
+        self._view = view
 
-        status = Text()
-        if frame.nvml.status:
-            status.append("⚠ ", style=f"bold {p.warning}")
-            status.append(f"{printable(frame.nvml.status)} — showing host memory only", style=p.warning)
-        notices = lines([Text.assemble(("! ", f"bold {p.warning}"), (printable(n), p.warning)) for n in frame.notices])
-        for widget_id, text in (("nvml-status", status), ("notices", notices)):
-            widget = self.query_one(f"#{widget_id}", TextLines)
+        names = [Text(name) for name, *_ in lines_shown]
+        bars = [Text(f"✖ {error}", style=f"bold {p.error}", no_wrap=True, overflow="ellipsis") if error is not None
+                else bar(filled, bar_width, p) for _, error, filled, _ in lines_shown]
+        self._names.set_text(lines(names))
+        self._bars.set_text(lines(bars))
+        self._numbers.set_text(lines([Text(numbers) for *_, numbers in lines_shown]))
+
+        status_text = Text()
+        if status:
+            status_text.append("⚠ ", style=f"bold {p.warning}")
+            status_text.append(f"{status} — showing host memory only", style=p.warning)
+        notices_text = lines([Text.assemble(("! ", f"bold {p.warning}"), (n, p.warning)) for n in notices])
+        for widget, text in ((self._status, status_text), (self._notices, notices_text)):
             widget.set_class(not text.plain, "empty")
             widget.set_text(text)
             tooltip = widget.text if text.plain else None  # a Text: never read as markup

@@ -63,6 +63,31 @@ async def test_device_errors_and_notices_are_shown_with_a_symbol():
         assert "✖ GPU is lost" in devices and "! 2 GPU process(es)" in devices
 
 
+async def test_a_tick_that_changes_no_cell_of_the_devices_panel_draws_nothing_there(monkeypatch):
+    """The numbers move by less than they are rounded to on most ticks: then the panel builds no
+    text at all; a change that shows is drawn."""
+    from gpuscope.tui.messages import FrameReady
+
+    app = GpuScopeApp(live(FakeSource(frame())))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        panel = app.query_one(DevicesPanel)
+        f = frame()
+        app.on_frame_ready(FrameReady(f))  # drawn at the panel's laid-out width
+        columns = list(panel.query(TextLines))
+        drawn: list[TextLines] = []
+        real_set_text = TextLines.set_text
+        monkeypatch.setattr(TextLines, "set_text", lambda self, text: (drawn.append(self), real_set_text(self, text))[1])
+        before = panel.plain
+        unseen = replace(f, time=f.time + 1, host=replace(f.host, used=f.host.used + 4096, available=f.host.available - 4096),
+                         nvml=replace(f.nvml, devices=tuple(replace(d, memory_used=d.memory_used + 1024) for d in f.nvml.devices)))
+        app.on_frame_ready(FrameReady(unseen))
+        assert [w for w in drawn if w in columns] == [] and panel.plain == before
+        seen = replace(unseen, time=f.time + 2, host=replace(f.host, used=f.host.used + (1 << 30)))
+        app.on_frame_ready(FrameReady(seen))
+        assert any(w in columns for w in drawn) and "188.0G/512.0G" in panel.plain
+
+
 async def test_sorting_keys_reorder_and_the_cursor_follows_the_process():
     app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
