@@ -173,12 +173,11 @@ class GpuScopeApp(ChangedCellsApp):
         self._cleanups: list[Callable[[], object]] = []
         self._when_shown: list[Callable[[], object]] = []
         self._started = False
-        self._theme_names: list[str] = [DEFAULT_THEME]
         self._no_colour = NoColor()
         specs, self._theme_problems = load_themes()
         for spec in specs.values():
             self.register_theme(textual_theme(spec))
-        self._theme_names = sorted(specs)
+        self._theme_names: list[str] = sorted(specs)
         self._start_theme(self._theme_name if self._theme_name in specs else DEFAULT_THEME)
 
     def get_system_commands(self, screen) -> Iterable[SystemCommand]:
