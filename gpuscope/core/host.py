@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import psutil
 
@@ -70,6 +71,16 @@ class SeenProcess:
     status: str | None = None  # psutil's words ("sleeping", "running", ...)
 
 
+class _Passed(NamedTuple):
+    """What a pass over /proc kept of one process for the next pass."""
+
+    line: bytes  # its /proc/PID/stat line
+    row: SeenProcess
+    exe_key: tuple[int, float, bytes]  # PID, start time and name: the executable is read again when one changes
+    used: int  # CPU ticks (utime + stime)
+    when: float  # monotonic time of the pass
+    passes: int  # passes since its owner was read
+
 class HostCollector:
     def __init__(self) -> None:
         self._commands: dict[tuple[int, float], str] = {}
@@ -77,12 +88,9 @@ class HostCollector:
         self._versions_asked: set[str] = set()  # interpreters being asked in the background
         self._versions_lock = threading.Lock()
         self._users: dict[int, str] = {}
-        self._cpu: dict[int, tuple[float, int, float]] = {}  # pid -> (create time, CPU ticks, when)
-        self._exes: dict[tuple[int, float, bytes], str | None] = {}  # (pid, start, name) -> executable
+        self._last_pass: dict[int, _Passed] = {}  # processes gone are forgotten: as big as /proc
         self._names: dict[bytes, str] = {}  # a name as /proc gives it -> printable
         self._stat_files: dict[int, int] = {}  # pid -> its /proc/PID/stat, open between passes
-        # pid -> (its stat line, its row, the exe cache's key, passes since its owner was read), as of the last pass
-        self._last_pass: dict[int, tuple[bytes, SeenProcess, tuple[int, float, bytes], int]] = {}
         self._stat_files_kept = _stat_files_to_keep()
         self._meminfo_fd: int | None = None
         self._proc_ok = os.path.exists("/proc/self/stat")
@@ -171,12 +179,8 @@ class HostCollector:
         # reused PID or an exec is read afresh.
         now = time.monotonic()
         ticks = self._ticks
-        prior = self._cpu
-        known = self._exes
         last = self._last_pass
-        this_pass: dict[int, tuple[bytes, SeenProcess, tuple[int, float, bytes], int]] = {}
-        current: dict[int, tuple[float, int, float]] = {}
-        exes: dict[tuple[int, float, bytes], str | None] = {}
+        this_pass: dict[int, _Passed] = {}
         seen: list[SeenProcess] = []
         kept: dict[int, int] = {}
         try:
@@ -187,16 +191,13 @@ class HostCollector:
                 data = self._read_stat(pid, name, kept)
                 if data is None:
                     continue  # exited while being read
-                before_pass = last.get(pid)
-                if before_pass is not None and before_pass[0] == data and before_pass[3] < _UNCHANGED_PASSES:
-                    _, row, key, passes = before_pass
-                    create_time, used, when = prior[pid]
-                    cpu = 0.0 if now > when else None  # no tick used since the last pass
+                before = last.get(pid)
+                if before is not None and before.line == data and before.passes < _UNCHANGED_PASSES:
+                    row = before.row
+                    cpu = 0.0 if now > before.when else None  # no tick used since the last pass
                     if row.cpu != cpu:
                         row = replace(row, cpu=cpu)
-                    current[pid] = (create_time, used, now)
-                    exes[key] = known[key]
-                    this_pass[pid] = (data, row, key, passes + 1)
+                    this_pass[pid] = before._replace(row=row, when=now, passes=before.passes + 1)
                     seen.append(row)
                     continue
                 close = data.rfind(b")")
@@ -211,19 +212,16 @@ class HostCollector:
                     continue  # exited while being read
                 raw_name = data[data.find(b"(") + 1 : close]
                 key = (pid, create_time, raw_name)  # an exec keeps PID and start time, not the name
-                if key in known:
-                    exe = known[key]
+                if before is not None and before.exe_key == key:
+                    exe = before.row.exe
                 else:
                     try:
                         exe = os.readlink(f"/proc/{name}/exe")
                     except OSError:
                         exe = None
-                exes[key] = exe
-                before = prior.get(pid)
                 cpu = None
-                if before is not None and before[0] == create_time and now > before[2]:
-                    cpu = round(100.0 * (used - before[1]) / ticks / (now - before[2]), 1)
-                current[pid] = (create_time, used, now)
+                if before is not None and before.row.create_time == create_time and now > before.when:
+                    cpu = round(100.0 * (used - before.used) / ticks / (now - before.when), 1)
                 row = SeenProcess(
                     pid=pid,
                     create_time=create_time,
@@ -235,15 +233,13 @@ class HostCollector:
                     threads=int(fields[17]),
                     status=_STATUSES.get(fields[0]),
                 )
-                this_pass[pid] = (data, row, key, 0)
+                this_pass[pid] = _Passed(data, row, key, used, now, 0)
                 seen.append(row)
         finally:
             for fd in self._stat_files.values():  # processes gone since the last pass
                 os.close(fd)
             self._stat_files = kept
         self._last_pass = this_pass
-        self._cpu = current
-        self._exes = exes  # processes gone are forgotten: the cache is as big as /proc
         return seen
 
     def _name(self, raw: bytes) -> str:
