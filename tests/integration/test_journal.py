@@ -110,6 +110,31 @@ def test_retention_drops_old_sessions_then_the_oldest_past_the_budget(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.gpuscope", "d.gpuscope", "live.gpuscope", "notes.txt"]
 
 
+
+def test_old_sessions_are_let_go_on_the_writer_thread_not_while_the_console_starts(tmp_path, monkeypatch):
+    import threading
+
+    from gpuscope.core.session import journal as journal_module
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    folder = tmp_path / "gpuscope" / "sessions"
+    folder.mkdir(parents=True, mode=0o700)
+    old = folder / "old.gpuscope"
+    old.write_bytes(b"x" * 1000)
+    os.utime(old, (time.time() - 10 * 86400,) * 2)
+    threads = []
+
+    def prune_and_say_where(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return prune(*args, **kwargs)
+
+    monkeypatch.setattr(journal_module, "prune", prune_and_say_where)
+    j = journal_module.open_session_journal(enabled=True, keep_days=7, max_mb=512, meta=session_meta("journal"))
+    j.close()
+    assert threads == ["gpuscope-journal"]
+    assert not old.exists() and j.path is not None and j.path.exists()
+
+
 FULL_DISK = textwrap.dedent("""
     import resource, signal, sys, time
     sys.path.insert(0, sys.argv[2])

@@ -17,7 +17,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gpuscope.core.atomic import private_folder
 from gpuscope.core.model import Frame
@@ -41,7 +41,10 @@ class Journal:
     None while recording works, else one line on why it stopped (what was written stays).
     """
 
-    def __init__(self, path: Path | None, *, meta: dict[str, Any] | None = None, keep_bytes: float | None = None) -> None:
+    def __init__(self, path: Path | None, *, meta: dict[str, Any] | None = None, keep_bytes: float | None = None,
+                 housekeeping: Callable[[], object] | None = None) -> None:
+        """`housekeeping` runs on the writer thread before anything is written (work that would
+        otherwise hold up whoever opens the journal; an OSError from it is ignored)."""
         self.path = path
         self.problem: str | None = None
         self.note: str | None = None  # why a console's journal is in memory although it was asked for
@@ -56,6 +59,7 @@ class Journal:
             # enough, and SQLite's default (2 MiB) would grow the console's memory for minutes.
             self._conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
         self._last_trim = time.monotonic()
+        self._housekeeping = housekeeping
         self._thread = threading.Thread(target=self._write_loop, name="gpuscope-journal", daemon=True)
         self._closed = False
         self._thread.start()
@@ -112,6 +116,12 @@ class Journal:
     # -- the writer thread ---------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        if self._housekeeping is not None:
+            try:
+                self._housekeeping()
+            except OSError:
+                pass
+            self._housekeeping = None
         conn = self._conn
         closing = False
         while not closing:
@@ -200,10 +210,11 @@ def open_session_journal(*, enabled: bool, keep_days: float, max_mb: float, meta
     max_bytes = max_mb * 1024 * 1024
     try:
         private_folder(folder)  # never another user's folder, nor through another user's link
-        prune(folder, keep_days, max_bytes)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = folder / f"{stamp}-{socket.gethostname()}-{os.getpid()}{SUFFIX}"
-        return Journal(path, meta=meta, keep_bytes=max_bytes)
+        # Old sessions are let go on the writer's thread: listing a folder of hundreds of them
+        # takes milliseconds the console's first frame need not wait for.
+        return Journal(path, meta=meta, keep_bytes=max_bytes, housekeeping=lambda: prune(folder, keep_days, max_bytes))
     except (OSError, sqlite3.Error) as exc:
         journal = Journal(None, meta=meta)
         journal.note = f"not recording to {folder}: {describe(exc)}; this session is kept in memory only"
