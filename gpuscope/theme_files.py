@@ -61,6 +61,8 @@ class ThemeFileError(UsageError):
 
 @dataclass(frozen=True)
 class ThemeSpec:
+    """A theme as built in or read from a theme file: its colours and variables, not yet Textual's."""
+
     name: str
     dark: bool
     ansi: bool

@@ -46,6 +46,8 @@ class NvmlReading:
 
 @dataclass(frozen=True, slots=True)
 class HostMemory:
+    """The host's memory in bytes (`used` is `total` less what the kernel says is available)."""
+
     total: int
     used: int
     available: int

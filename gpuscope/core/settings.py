@@ -25,17 +25,23 @@ class ConfigError(UsageError):
 
 @dataclass(frozen=True, slots=True)
 class ConsoleConfig:
+    """How the console refreshes and which theme it starts in."""
+
     refresh_s: float = 1.0
     theme: str | None = None  # None: the theme last chosen in the console, else the default
 
 
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
+    """The service's `/metrics` endpoints to scrape."""
+
     metrics_url: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class PrometheusConfig:
+    """A Prometheus server to query for the service, how to log in to it, and which series are the service's."""
+
     url: str | None = None
     token: str | None = field(default=None, repr=False)
     user: str | None = None

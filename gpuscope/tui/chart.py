@@ -72,6 +72,9 @@ def y_ticks(low: float, high: float, rows: int) -> tuple[list[float], list[str]]
 
 @dataclass(frozen=True, slots=True)
 class Axes:
+    """The chart's axes for one process: kept while what is drawn fits them (the older points stay
+    put), laid out again for another process, past the span, or for a value out of range."""
+
     pid: int
     origin: float  # wall-clock time at x = 0
     span: float
