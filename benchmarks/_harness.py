@@ -198,6 +198,9 @@ class Tmux:
         self.socket = f"gpuscope-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.config = tmpdir / f"{name}-{uuid.uuid4().hex[:6]}.tmux.conf"
         self.config.write_text("set -g status off\nset -g remain-on-exit on\n")
+        # The tools' state (gpuscope's session journals, its last theme) is the benchmark's own and
+        # goes with it: the user's sessions folder neither fills up nor changes what a start reads.
+        self.state = tmpdir / "state"
         self.server_pid: int | None = None
         self.started = False
         self.closed = False
@@ -212,12 +215,13 @@ class Tmux:
     def start(self, command: str) -> None:
         self.started = True
         self.run("new-session", "-d", "-s", "t", "-x", str(WIDTH), "-y", str(HEIGHT), "-c", str(ROOT),
-                 "-e", f"TERM={PANE_TERM}", command)
+                 "-e", f"TERM={PANE_TERM}", "-e", f"XDG_STATE_HOME={self.state}", command)
         self.server_pid = int(self.run("display-message", "-p", "-t", "t", "#{pid}").strip())
 
     def respawn(self, command: str) -> None:
         """Replace the pane's program (kills the placeholder): the server is already up."""
-        self.run("respawn-pane", "-k", "-t", "t", "-c", str(ROOT), "-e", f"TERM={PANE_TERM}", command)
+        self.run("respawn-pane", "-k", "-t", "t", "-c", str(ROOT), "-e", f"TERM={PANE_TERM}",
+                 "-e", f"XDG_STATE_HOME={self.state}", command)
 
     def screen(self) -> str:
         return self.run("capture-pane", "-p", "-t", "t")
