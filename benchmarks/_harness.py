@@ -79,6 +79,17 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def spread(values: Sequence[float], fmt: str = ".2f") -> str:
+    """"median (min-max)", each number formatted with `fmt`: how every benchmark prints a figure
+    from several runs. One run, or runs all alike, print the number alone; a range below zero reads
+    "min to max" (a minus sign after a dash would be hard to read)."""
+    s = summary(values)
+    median, low, high = (format(s[k], fmt) for k in ("median", "min", "max"))
+    if s["n"] == 1 or low == high:
+        return median
+    return f"{median} ({low} to {high})" if s["min"] < 0 else f"{median} ({low}-{high})"
+
+
 def _raise_exit(signum, frame):  # noqa: ARG001 - signal handler signature
     raise SystemExit(128 + signum)
 

@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 
 from _harness import (Cleanup, dump_json, free_port, gpuscope_cmd, install_signal_handlers, machine, print_table,
-                      require_tool, run_script)
+                      require_tool, run_script, spread)
 from helpers import answers, fake_nvml_env, wait_until
 
 MB = 1_000_000
@@ -219,13 +218,13 @@ def measure(cleanup: Cleanup, opts, rates: list[float]) -> dict:
     }
 
 
-def spread(values: list) -> str:
+def seconds_or_never(values: list) -> str:
+    """The spread of the rounds that saw the alert, and how many never did."""
     got = [v for v in values if v is not None]
     missed = len(values) - len(got)
     if not got:
         return f"never ({missed} of {len(values)})"
-    text = f"{statistics.median(got):.1f}" + (f" ({min(got):.1f}-{max(got):.1f})" if len(got) > 1 else "")
-    return text + (f", {missed} never" if missed else "")
+    return spread(got, ".1f") + (f", {missed} never" if missed else "")
 
 
 def report(result: dict) -> None:
@@ -235,16 +234,16 @@ def report(result: dict) -> None:
     rows = []
     for rate in s["rates_mb_s"]:
         mine = [r for r in runs if r["kind"] == "leak" and r["rate"] == rate * MB]
-        rows.append([f"leak {rate:g} MB/s", spread([r["console"] for r in mine]),
-                     spread([r["pending"] for r in mine]), spread([r["firing"] for r in mine])])
+        rows.append([f"leak {rate:g} MB/s", seconds_or_never([r["console"] for r in mine]),
+                     seconds_or_never([r["pending"] for r in mine]), seconds_or_never([r["firing"] for r in mine])])
     caches = [r for r in runs if r["kind"] == "cache"]
     rows.append([f"cache {s['cache_mb']:g} MB in {s['cache_fill_s']:g} s, then flat",
-                 spread([r["console"] for r in caches]), spread([r["pending"] for r in caches]),
-                 spread([r["firing"] for r in caches])])
+                 seconds_or_never([r["console"] for r in caches]), seconds_or_never([r["pending"] for r in caches]),
+                 seconds_or_never([r["firing"] for r in caches])])
     print_table("", ["process", "console alert s", "Prometheus pending s", "Prometheus firing s"], rows)
     cleared = [r["console_cleared"] for r in caches if r["console"] is not None]
     if cleared:
-        print(f"  the console's alert on the caches cleared at {spread(cleared)} s")
+        print(f"  the console's alert on the caches cleared at {seconds_or_never(cleared)} s")
     print(f"  wall time {result['wall_s']:.0f} s")
 
 

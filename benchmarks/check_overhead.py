@@ -59,6 +59,7 @@ from _harness import (
     machine,
     print_table,
     run_script,
+    spread,
 )
 
 sys.path.insert(0, str(ROOT))
@@ -179,10 +180,6 @@ def check(cleanup: Cleanup, script: str, args: argparse.Namespace, *extra: str, 
             "own_cpu_share": cpu_per_round / statistics.mean(judged[1:]) if cpu_per_round is not None else None}
 
 
-def spread(values: list[float], fmt: str) -> str:
-    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))} to {fmt.format(max(values))})"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -225,11 +222,11 @@ def main() -> int:
     rows = []
     for k, vs in figures.items():
         cpu = [100 * v["own_cpu_share"] for v in vs if v.get("own_cpu_share") is not None]
-        rows.append([k, spread([v["rounds_s"] for v in vs], "{:.2f}"), spread([v["total_s"] for v in vs], "{:.2f}"),
-                     spread([100 * o for o in overhead[k]], "{:+.1f}") if k in overhead else "—",
-                     spread(cpu, "{:.1f}") if cpu else "—"])
+        rows.append([k, spread([v["rounds_s"] for v in vs], ".2f"), spread([v["total_s"] for v in vs], ".2f"),
+                     spread([100 * o for o in overhead[k]], "+.1f") if k in overhead else "—",
+                     spread(cpu, ".1f") if cpu else "—"])
     print_table(f"Wall time of 1 + {args.rounds} rounds of {args.requests} requests ({args.concurrency} at a time), "
-                f"median (min to max) of {args.repeats}",
+                f"median (min-max) of {args.repeats}",
                 ["", "rounds s", "whole command s", "rounds overhead %", "check's CPU % of a core"], rows)
     print()
     if rss:

@@ -35,7 +35,8 @@ import time
 
 import psutil
 
-from _harness import Cleanup, dump_json, install_signal_handlers, machine, print_table, quote, run_script, summary, wait_until
+from _harness import (Cleanup, dump_json, install_signal_handlers, machine, print_table, quote, run_script, spread, summary,
+                      wait_until)
 from side_by_side import on_fake_nvml, start_node
 
 # (module, class, method, what it is): timed while the console runs. Private names are the
@@ -102,10 +103,6 @@ def one_round(node: str, warmup: float, window: float) -> dict:
 
 
 def report(args: argparse.Namespace, rounds: list[dict]) -> None:
-    def spread(values: list[float]) -> str:
-        s = summary(values)
-        return f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
-
     rows = [["process (all threads)", spread([r["process"] for r in rounds]), ""]]
     for name in sorted({t for r in rounds for t in r["threads"]}):
         rows.append([f"thread {name}", spread([r["threads"].get(name, 0.0) for r in rounds]), ""])

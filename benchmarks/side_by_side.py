@@ -56,7 +56,7 @@ from _harness import (
     quote,
     require_tool,
     run_script,
-    summary,
+    spread,
     wait_until,
 )
 from steady_state import cpu_total, find_measured
@@ -164,13 +164,6 @@ def measure_node(node: str, tools: list[str], cleanup: Cleanup, args: argparse.N
             print(f"  {node} node, round {round_ + 1}/{args.rounds}: {tool} ...", file=sys.stderr, flush=True)
             runs[tool].append(run_once(tool, node, cleanup, args, leaker.pid))
     return runs
-
-
-def spread(values: list[float], fmt: str) -> str:
-    s = summary(values)
-    if s["n"] == 1 or s["min"] == s["max"]:
-        return format(s["median"], fmt)
-    return f"{format(s['median'], fmt)} ({format(s['min'], fmt)}-{format(s['max'], fmt)})"
 
 
 def main(argv: list[str] | None = None) -> int:
