@@ -88,8 +88,8 @@ def fake_nvml(monkeypatch):
 def tmux_session(tmp_path):
     sessions = []
 
-    def start(command, env=None, size=(120, 40)):
-        session = Tmux(command, env, size, tmp_path / f"tmux{len(sessions)}.conf")
+    def start(command, env=None, size=(120, 40), options=()):
+        session = Tmux(command, env, size, tmp_path / f"tmux{len(sessions)}.conf", list(options))
         sessions.append(session)
         return session
 

@@ -1,4 +1,5 @@
-"""The console's terminal driver: Textual's own, with an input thread that sleeps until input comes.
+"""The console's terminal driver: Textual's own, with an input thread that sleeps until input comes,
+and the text style reset before the terminal is handed back.
 
 Textual's input thread wakes ten times a second, input or not, to see whether it should stop and
 whether a lone Escape has waited long enough to be a key rather than the start of a sequence.
@@ -6,6 +7,10 @@ Each wake-up costs a timer, a system call and the interpreter's lock: 0.1-0.2 ms
 virtual machine, 1-2 ms a second for an idle console, more than its whole process table. This
 thread waits on the terminal with no timeout, except while the parser holds a lone Escape (then
 until the parser's own deadline); stopping the driver wakes it through a pipe.
+
+The console's updates leave the text style of their last cells in effect for the next
+(gpuscope.tui.terminal_cells); the driver resets it when it stops (on exit and on a suspend), so
+that the shell, or a program run meanwhile, does not write in the console's colours.
 """
 
 from __future__ import annotations
@@ -48,11 +53,17 @@ class _WakingEvent(Event):
 
 class IdleInputDriver(LinuxDriver):
     """LinuxDriver whose input thread wakes for input, for a pending Escape and to stop: never
-    on a timer."""
+    on a timer; and which resets the text style when it stops."""
+
+    resets_style_on_stop = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.exit_event: _WakingEvent = _WakingEvent()
+
+    def stop_application_mode(self) -> None:
+        self.write("\x1b[0m")  # before the alternate screen is left: some terminals keep the style
+        super().stop_application_mode()
 
     def run_input_thread(self) -> None:
         """Textual's loop (LinuxDriver.run_input_thread), waiting without a timeout."""

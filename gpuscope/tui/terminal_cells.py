@@ -6,7 +6,9 @@ operator feels, and most of them rewrite what the terminal already shows. Like c
 `TerminalCells` keeps a copy of the screen (per cell: the character and its style's SGR codes)
 and turns each of Textual's updates into the runs of cells that differ from the copy: one short
 cursor move per run, only the SGR codes that change, no newlines; where a block of lines moved up
-or down (a table's rows when a process comes or goes), the terminal scrolls it.
+or down (a table's rows when a process comes or goes), the terminal scrolls it. The text style in
+effect at the end of an update is left for the next (most start in the style the last ended in),
+when the terminal driver resets it before handing the terminal back (`carry_style`).
 
 The copy must never disagree with the terminal where it matters. A cell whose content is not
 followed (a strip drawn as Textual draws it) is marked unknown, and an unknown cell is always sent
@@ -48,29 +50,39 @@ SCROLL_COST = 24
 
 
 class TerminalCells:
-    """The screen as last sent, and the diff of each compositor update against it."""
+    """The screen as last sent, and the diff of each compositor update against it.
 
-    def __init__(self) -> None:
+    `carry_style`: an update ends in the text style of its last cells rather than a reset, and the
+    next starts from it. Only where nothing else prints text in between (the SGR codes in effect
+    would colour it) and the terminal is reset before it is handed back (see ChangedCellsApp).
+    """
+
+    def __init__(self, carry_style: bool = True) -> None:
         self.rows: dict[int, list[Cell | None]] = {}
+        self.carry_style = carry_style
+        self.sgr: str | None = ""  # the SGR codes in effect on the terminal; None: not known
 
     def forget(self) -> None:
         """The terminal may show anything now: the next update sends every cell it covers."""
         self.rows.clear()
+        self.sgr = None
 
     def update(self, update: object) -> object:
         """What to hand Textual's display instead of `update`: a compositor update rendered as
-        the cells that changed, or `update` itself (after forgetting: it is not ours to follow)."""
+        the cells that changed, or `update` itself (after forgetting: it is not ours to follow),
+        behind a reset when a style was left in effect."""
         if isinstance(update, (ChopsUpdate, LayoutUpdate)):
             return ChangedCells(self, update)
+        left = self.sgr
         self.forget()
-        return update
+        return _AfterReset(update) if left != "" and isinstance(update, CompositorUpdate) else update
 
     # -- the diff ---------------------------------------------------------------------------------
 
     def render(self, update: ChopsUpdate | LayoutUpdate, console: Console) -> str:
         color_system = console._color_system or ColorSystem.TRUECOLOR
         placed = [(y, x, strip, self._cells(strip, color_system)) for y, x, strip in _placed_strips(update)]
-        out = _Output()
+        out = _Output(self.sgr if self.carry_style else "")
         writes: dict[int, list[tuple[int, list[Cell] | str]]] = {}  # y -> (x, cells or raw text)
         scrolled = self._scroll(placed, out, writes)
         for y, x, strip, new in placed:
@@ -84,7 +96,8 @@ class TerminalCells:
                     out.raw(what)
                 else:
                     out.cells(what)
-        return out.finish()
+        text, self.sgr = out.finish(keep_style=self.carry_style)
+        return text
 
     def _diff(self, writes: list, y: int, x: int, new: list[Cell] | str, length: int) -> None:
         """Note in `writes` (and in the copy) what of `new`, placed at `x`, differs: cells, or a
@@ -328,6 +341,9 @@ class ChangedCellsApp(App):
 
     def _display(self, screen: Screen, renderable: RenderableType | None) -> None:
         if renderable is not None and self._driver is not None and not self._driver.is_inline:
+            # A style left in effect between updates must not reach the shell: only with a driver
+            # that resets it when it hands the terminal back (on exit and on a suspend).
+            self.terminal_cells.carry_style = getattr(self._driver, "resets_style_on_stop", False)
             renderable = self.terminal_cells.update(renderable)  # type: ignore[assignment]
         super()._display(screen, renderable)
 
@@ -341,6 +357,16 @@ class ChangedCellsApp(App):
     @on(events.Resize)
     def _forget_on_resize(self) -> None:
         self.terminal_cells.forget()  # a resized terminal may have moved, cut or cleared its cells
+
+
+class _AfterReset(CompositorUpdate):
+    """A compositor update written after a reset of the text style."""
+
+    def __init__(self, update: CompositorUpdate) -> None:
+        self.update = update
+
+    def render_segments(self, console: Console) -> str:
+        return "\x1b[0m" + self.update.render_segments(console)
 
 
 class ChangedCells(CompositorUpdate):
@@ -396,9 +422,10 @@ def _changed_runs(old: list, new: list[Cell]) -> list[tuple[int, int]]:
 class _Output:
     """Escape sequences for one update; the style carried from one run to the next."""
 
-    def __init__(self) -> None:
+    def __init__(self, sgr: str | None = "") -> None:
+        """`sgr`: the SGR codes in effect on the terminal at the start (None: not known)."""
         self.parts: list[str] = []
-        self.style: tuple[str, str] = ("", "")  # SGR codes and link in effect
+        self.style: tuple[str | None, str] = (sgr, "")  # SGR codes and link in effect
         # Where the cursor is: the row, and the column if it is sure (not after a character whose
         # width the terminal might count otherwise than Rich: a wide or combined one).
         self.y: int | None = None
@@ -428,6 +455,7 @@ class _Output:
     def scroll(self, top: int, bottom: int, shift: int) -> None:
         """Move the lines top..bottom by `shift` (down if positive); lines leaving the region are
         lost, lines coming in are blank. The margins are set back to the whole screen."""
+        self._set_style("", "")  # many terminals fill the lines coming in with the background in effect
         self.parts.append(f"\x1b[{top + 1};{bottom + 1}r\x1b[{top + 1};1H"
                           f"\x1b[{abs(shift)}{'L' if shift > 0 else 'M'}\x1b[r")
         self.x = self.y = None
@@ -441,13 +469,18 @@ class _Output:
         was_sgr, was_link = self.style
         if link != was_link:
             self.parts.append(f"\x1b]8;;{link}\x1b\\" if link else "\x1b]8;;\x1b\\")
-        if sgr != was_sgr:
+        if was_sgr is None:
+            self.parts.append(f"\x1b[0;{sgr}m" if sgr else "\x1b[0m")
+        elif sgr != was_sgr:
             self.parts.append(sgr_change(was_sgr, sgr))
         self.style = (sgr, link)
 
-    def finish(self) -> str:
-        self._set_style("", "")
-        return "".join(self.parts)
+    def finish(self, keep_style: bool = False) -> tuple[str, str | None]:
+        """The update's text, and the SGR codes in effect after it: those of its last cells if
+        `keep_style`, else none (it ends with a reset). A link never outlasts the update."""
+        sgr = self.style[0]
+        self._set_style(sgr if keep_style and sgr is not None else "", "")
+        return "".join(self.parts), self.style[0]
 
 
 # SGR codes that turn an attribute off (22 turns off bold and dim both, 24 both underlines...).

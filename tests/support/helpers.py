@@ -115,11 +115,12 @@ def require_gpu(missing: str) -> None:
 class Tmux:
     """gpuscope in a real terminal: tmux runs it, send-keys types, capture-pane reads the screen."""
 
-    def __init__(self, command: list[str], env: dict[str, str] | None, size, config: Path):
+    def __init__(self, command: list[str], env: dict[str, str] | None, size, config: Path, options: list[str] = ()):
+        """`options`: more lines of tmux configuration (e.g. "set -g alternate-screen off")."""
         self.tmux = require_tool("tmux")
         self.socket = f"gpuscope-test-{uuid.uuid4().hex[:8]}"
         # remain-on-exit from the config, so a command that exits at once still leaves its output.
-        config.write_text("set -g remain-on-exit on\nset -g status off\n")
+        config.write_text("".join(f"{line}\n" for line in ["set -g remain-on-exit on", "set -g status off", *options]))
         self.config = config
         env_args = [a for k, v in (env or {}).items() for a in ("-e", f"{k}={v}")]
         self._run("new-session", "-d", "-s", "t", "-x", str(size[0]), "-y", str(size[1]), *env_args,
@@ -133,8 +134,9 @@ class Tmux:
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    def screen(self) -> str:
-        return self._run("capture-pane", "-p", "-t", "t")
+    def screen(self, escapes: bool = False) -> str:
+        """What the pane shows; with `escapes`, with the escape sequences of its text styles."""
+        return self._run("capture-pane", "-p", *(["-e"] if escapes else []), "-t", "t")
 
     def keys(self, *keys: str) -> None:
         self._run("send-keys", "-t", "t", *keys)

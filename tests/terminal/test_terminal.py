@@ -4,6 +4,7 @@ import json
 import shlex
 
 import psutil
+import pyte
 import pytest
 
 from helpers import LEAKER, fake_nvml_env, gpuscope_cmd, wait_until
@@ -65,6 +66,28 @@ def test_the_shell_gets_its_screen_back_after_the_console(tmux_session, spawn_py
     lines = [ln for ln in screen.splitlines() if ln.strip()]
     assert lines[0] == "[before]" and lines[-1] == "[exit 0]", lines
     assert not any("starting…" in ln or ln.startswith(" gpuscope ") for ln in lines), lines
+
+
+def test_the_shell_writes_in_its_own_style_after_the_console(tmux_session, spawn_python):
+    """The console leaves the text style of its last cells in effect from one update to the next
+    and resets it before it hands the terminal back. tmux would restore the style itself when the
+    alternate screen is left: with the alternate screen off, what is written next shows the style
+    the console left."""
+    child = spawn_python(LEAKER)
+    line = shlex.join(gpuscope_cmd() + ["--pid", str(child.pid)])
+    tmux = tmux_session(["sh", "-c", f'{line}; printf "[after the console]"; sleep 20'], size=(100, 30),
+                        options=["set -g alternate-screen off"])
+    wait_until(lambda: any(ln.startswith(" HOST") for ln in tmux.screen().splitlines()), timeout=30,
+               what="the console's host line")
+    tmux.keys("q")
+    wait_until(lambda: "[after the console]" in tmux.screen(), timeout=20, what="gpuscope to exit")
+    terminal = pyte.Screen(100, 30)
+    pyte.Stream(terminal).feed(tmux.screen(escapes=True).replace("\n", "\r\n"))
+    [row] = [row for row in terminal.display if "[after the console]" in row]
+    y = terminal.display.index(row)
+    x = row.index("[after the console]")
+    styles = {(c.fg, c.bg, c.bold, c.reverse) for c in (terminal.buffer[y][x + i] for i in range(19))}
+    assert styles == {("default", "default", False, False)}, styles
 
 
 def demo_children(pane_pid: int) -> list[psutil.Process]:

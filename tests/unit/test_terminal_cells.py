@@ -3,6 +3,7 @@ update whole would: both byte streams are fed to a terminal emulator (pyte) and 
 compared cell by cell (character, colours, attributes) after every update."""
 
 import random
+import re
 from dataclasses import replace
 
 import pyte
@@ -128,6 +129,11 @@ def test_random_updates_with_wide_and_combining_characters_leave_the_same_screen
             width -= n // 150
             terminals.resize(width, height)
             terminals.cells.forget()
+            # Textual lays the screen out again after a resize: every cell is sent (a terminal
+            # that cleared itself did so with whatever style was in effect).
+            whole_screen = [[random_strip(rng, width)] for _ in range(height)]
+            terminals.feed(LayoutUpdate([[s[0].extend_cell_length(width)] for s in whole_screen], Region(0, 0, width, height)),
+                           Console())
         y = rng.randrange(height)
         x = rng.randrange(width)
         if rng.random() < 0.5:  # a whole region, as a screen's layout is sent
@@ -181,6 +187,37 @@ def test_rows_that_move_up_or_down_are_scrolled_and_leave_the_same_screen():
         terminals.feed(update, Console())
         scrolls += "r\x1b[" in terminals.diffed_output
     assert scrolls > 10
+
+
+
+SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_the_style_in_effect_is_carried_to_the_next_update_but_not_into_a_scroll():
+    blue = Style(bgcolor="blue")
+    names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
+
+    def rows(shown: list[str]) -> LayoutUpdate:
+        return LayoutUpdate([[Strip([Segment(n, blue)]).adjust_cell_length(10, blue)] for n in shown],
+                            Region(0, 0, 10, len(shown)))
+
+    terminals = TwoTerminals(10, 8)
+    terminals.feed(rows(names[:8]), Console())
+    assert terminals.diffed_output.endswith("hotel     ")  # no reset: the blue stays in effect
+    terminals.feed(rows(names[:3] + ["deltX"] + names[4:8]), Console())
+    assert terminals.diffed_output == "\x1b[4;5HX"  # the cell, in the style already in effect
+    terminals.feed(rows(names[1:3] + ["deltX"] + names[4:9]), Console())
+    scroll = terminals.diffed_output.index("\x1b[1;8r")
+    # The lines a scroll brings in take the background in effect on many terminals: none is.
+    assert SGR.findall(terminals.diffed_output[:scroll]) == ["\x1b[0m"], terminals.diffed_output
+    terminals.cells.forget()  # the terminal's style is not known: the first one is set whole
+    terminals.feed(rows(names[:8]), Console())
+    assert terminals.diffed_output.startswith("\x1b[1;1H\x1b[0;44m"), terminals.diffed_output
+
+    reset = TwoTerminals(10, 8, TerminalCells(carry_style=False))
+    reset.feed(rows(names[:8]), Console())
+    reset.feed(rows(names[:3] + ["deltX"] + names[4:8]), Console())
+    assert reset.diffed_output == "\x1b[4;5H\x1b[44mX\x1b[0m"
 
 
 def recorded(app: GpuScopeApp, width: int, height: int) -> GpuScopeApp:
