@@ -220,6 +220,21 @@ def test_the_style_in_effect_is_carried_to_the_next_update_but_not_into_a_scroll
     assert reset.diffed_output == "\x1b[4;5H\x1b[44mX\x1b[0m"
 
 
+
+def test_an_update_it_does_not_diff_is_written_after_a_reset_of_the_style_left_in_effect():
+    from textual._compositor import CompositorUpdate
+
+    class Other(CompositorUpdate):  # e.g. Textual's inline updates: not followed cell by cell
+        def render_segments(self, console) -> str:
+            return "plain text"
+
+    cells = TerminalCells()
+    cells.update(LayoutUpdate([[Strip([Segment("blue", Style(bgcolor="blue"))])]], Region(0, 0, 4, 1))) \
+        .render_segments(Console())
+    assert cells.update(Other()).render_segments(Console()) == "\x1b[0mplain text"
+    assert cells.update(Other()).render_segments(Console()) == "\x1b[0mplain text"  # not known: reset again
+
+
 def recorded(app: GpuScopeApp, width: int, height: int) -> GpuScopeApp:
     """The console, each of its terminal updates rendered both ways (Pilot writes no bytes); after
     each, the terminal shows what a full render of the screen would."""
