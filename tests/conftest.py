@@ -89,7 +89,7 @@ def tmux_session(tmp_path):
     sessions = []
 
     def start(command, env=None, size=(120, 40), options=()):
-        session = Tmux(command, env, size, tmp_path / f"tmux{len(sessions)}.conf", list(options))
+        session = Tmux(command, env, size, tmp_path / f"tmux{len(sessions)}.conf", tuple(options))
         sessions.append(session)
         return session
 

@@ -115,7 +115,7 @@ def require_gpu(missing: str) -> None:
 class Tmux:
     """gpuscope in a real terminal: tmux runs it, send-keys types, capture-pane reads the screen."""
 
-    def __init__(self, command: list[str], env: dict[str, str] | None, size, config: Path, options: list[str] = ()):
+    def __init__(self, command: list[str], env: dict[str, str] | None, size, config: Path, options: tuple[str, ...] = ()):
         """`options`: more lines of tmux configuration (e.g. "set -g alternate-screen off")."""
         self.tmux = require_tool("tmux")
         self.socket = f"gpuscope-test-{uuid.uuid4().hex[:8]}"
