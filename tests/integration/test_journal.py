@@ -110,7 +110,6 @@ def test_retention_drops_old_sessions_then_the_oldest_past_the_budget(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.gpuscope", "d.gpuscope", "live.gpuscope", "notes.txt"]
 
 
-
 def test_old_sessions_are_let_go_on_the_writer_thread_not_while_the_console_starts(tmp_path, monkeypatch):
     import threading
 

@@ -131,9 +131,8 @@ def test_random_updates_with_wide_and_combining_characters_leave_the_same_screen
             terminals.cells.forget()
             # Textual lays the screen out again after a resize: every cell is sent (a terminal
             # that cleared itself did so with whatever style was in effect).
-            whole_screen = [[random_strip(rng, width)] for _ in range(height)]
-            terminals.feed(LayoutUpdate([[s[0].extend_cell_length(width)] for s in whole_screen], Region(0, 0, width, height)),
-                           Console())
+            whole_screen = [[random_strip(rng, width).extend_cell_length(width)] for _ in range(height)]
+            terminals.feed(LayoutUpdate(whole_screen, Region(0, 0, width, height)), Console())
         y = rng.randrange(height)
         x = rng.randrange(width)
         if rng.random() < 0.5:  # a whole region, as a screen's layout is sent
@@ -189,7 +188,6 @@ def test_rows_that_move_up_or_down_are_scrolled_and_leave_the_same_screen():
     assert scrolls > 10
 
 
-
 SGR = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -218,7 +216,6 @@ def test_the_style_in_effect_is_carried_to_the_next_update_but_not_into_a_scroll
     reset.feed(rows(names[:8]), Console())
     reset.feed(rows(names[:3] + ["deltX"] + names[4:8]), Console())
     assert reset.diffed_output == "\x1b[4;5H\x1b[44mX\x1b[0m"
-
 
 
 def test_an_update_it_does_not_diff_is_written_after_a_reset_of_the_style_left_in_effect():
