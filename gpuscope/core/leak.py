@@ -357,6 +357,10 @@ class FloorSketch:
         self.factor = factor
         self.window_s = window_s
         self._levels: list[deque[_Bucket] | _Level] = [deque()]
+        # Level 0's buckets leave their `key` at 0: past 256 a key is an int object of its own, 64
+        # of them per series. The newest bucket's key is kept here; an older one's is worked out
+        # from its first sample's time when it moves up (the computation that made it: exact).
+        self._newest_key: int | None = None
         self._origin: float | None = None
         self._ref = 0.0
         self._last_t: float | None = None
@@ -441,24 +445,29 @@ class FloorSketch:
         self._added += 1
         self._last_t = t
         self._last_v = v
-        key = int((t - self._origin) // self.bucket_s)
+        key = self._key(t)
         level0 = self._levels[0]
-        if level0 and level0[-1].key == key:
+        if level0 and self._newest_key == key:
             level0[-1].add(t, v, dv, self._ref)
         else:
-            level0.append(_Bucket(key, t, v, dv, self._ref))
+            level0.append(_Bucket(0, t, v, dv, self._ref))
+            self._newest_key = key
             if len(level0) > self.per_level:
                 self._cascade()
         if self.window_s is not None:
             self._evict(t - self.window_s)
         return True
 
+    def _key(self, t: float) -> int:
+        """The level-0 bucket of a sample at time t."""
+        return int((t - cast(float, self._origin)) // self.bucket_s)
+
     def _cascade(self) -> None:
         levels = self._levels
         j = 0
         while len(levels[j]) > self.per_level:
             moved = levels[j].popleft()
-            moved.key //= self.factor
+            moved.key = (self._key(moved.t_first) if j == 0 else moved.key) // self.factor
             if j + 1 == len(levels):
                 levels.append(_Level())
             up = cast(_Level, levels[j + 1])  # levels above 0 are all `_Level`s

@@ -72,7 +72,9 @@ def test_older_buckets_of_the_leak_watch_are_compact():
                            feed(range(120, 1200)))
     added = watch.footprint() - footprint[0]
     assert added > 40 * 60  # from one minute to ten the older levels fill, as designed ...
-    assert grown / added < 140, grown / added  # ... at this many bytes per bucket, all else included
+    # ... at this many bytes per bucket, all else included (132 when each of the newest buckets kept
+    # its key as an int object of its own)
+    assert grown / added < 120, grown / added
 
 
 def test_an_idle_series_keeps_one_run_of_steps():
