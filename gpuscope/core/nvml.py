@@ -10,7 +10,7 @@ which an empty list would hide).
 from __future__ import annotations
 
 import importlib
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from gpuscope.core.model import Device, GpuUse, NvmlReading
 from gpuscope.errors import GpuscopeError
@@ -32,15 +32,6 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-class _Opened(NamedTuple):
-    """A GPU's handle, with its name and UUID once NVML gave them: they do not change while the
-    handle is good (a lost GPU's handle is dropped, and both are read again with the next)."""
-
-    handle: Any
-    name: str | None = None
-    uuid: str | None = None
-
-
 class NvmlReader(Protocol):
     """What reads the GPUs for a source: `NvmlCollector`, or a wrapper around one."""
 
@@ -56,7 +47,7 @@ class NvmlCollector:
         self._status: str | None = None
         self._initialised = False
         self._driver: str | None = None
-        self._opened: dict[int, _Opened] = {}  # by index
+        self._handles: dict[int, Any] = {}
         self._queries: dict[str, Any] = {}  # kind -> the process-query function that works here
         self._refusals: dict[int, str] = {}  # this read's GPUs whose process list was refused, and why
 
@@ -146,33 +137,29 @@ class NvmlCollector:
 
     def _read_device(self, index: int) -> tuple[Device, list[GpuUse]]:
         nvml = self._nvml
-        opened = self._opened.get(index)
+        handle = self._handles.get(index)
         name = f"GPU {index}"
         try:
-            if opened is None:
-                handle = self._call(nvml.nvmlDeviceGetHandleByIndex, index)
+            if handle is None:
+                handle = self._handles[index] = self._call(nvml.nvmlDeviceGetHandleByIndex, index)
                 if handle is None:
+                    self._handles.pop(index, None)
                     return Device(index=index, name=name, error="NVML returned no handle for this GPU"), []
-                opened = self._opened[index] = _Opened(handle)
-            if opened.name is None or opened.uuid is None:  # not read yet, or not given last time
-                raw_name = self._call(nvml.nvmlDeviceGetName, opened.handle)
-                uuid = self._call(nvml.nvmlDeviceGetUUID, opened.handle)
-                opened = self._opened[index] = opened._replace(name=_text(raw_name) if raw_name is not None else None,
-                                                               uuid=_text(uuid) if uuid is not None else None)
-            handle = opened.handle
-            name = opened.name or name
+            raw_name = self._call(nvml.nvmlDeviceGetName, handle)
+            name = _text(raw_name) if raw_name is not None else name
+            uuid = self._call(nvml.nvmlDeviceGetUUID, handle)
             memory = self._call(nvml.nvmlDeviceGetMemoryInfo, handle)
             rates = self._call(nvml.nvmlDeviceGetUtilizationRates, handle)
             temperature = self._call(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
             uses = self._read_processes(index, handle)
         except DeviceFailed as failed:
             # A lost GPU's handle is stale; look it up afresh next time (it may come back after a reset).
-            self._opened.pop(index, None)
+            self._handles.pop(index, None)
             return Device(index=index, name=name, error=str(failed)), []
         device = Device(
             index=index,
             name=name,
-            uuid=opened.uuid,
+            uuid=_text(uuid) if uuid is not None else None,
             memory_used=int(memory.used) if memory is not None else None,
             memory_total=int(memory.total) if memory is not None else None,
             utilization=int(rates.gpu) if rates is not None else None,

@@ -78,23 +78,6 @@ def test_a_lost_gpu_is_an_error_on_that_device_only(fake_nvml):
     assert [u.pid for u in reading.uses] == [12]
 
 
-def test_names_and_uuids_are_read_once_per_handle(fake_nvml):
-    """They do not change while a handle is good: read with the handle, and again with the next
-    one after the GPU was lost."""
-    gpus = [device(compute=[{"pid": 10, "used": GIB}]), device(name="NVIDIA H200 NVL")]
-    fake_nvml.configure({"devices": gpus})
-    nvml = NvmlCollector()
-    first = nvml.read()
-    assert [d.name for d in nvml.read().devices] == [d.name for d in first.devices] == ["NVIDIA H200", "NVIDIA H200 NVL"]
-    assert fake_nvml.CALLS.count("nvmlDeviceGetName") == fake_nvml.CALLS.count("nvmlDeviceGetUUID") == 2
-    fake_nvml.configure({"devices": [device(errors={"nvmlDeviceGetMemoryInfo": "GpuIsLost"}), gpus[1]]})
-    assert "GPU is lost" in nvml.read().devices[0].error
-    fake_nvml.configure({"devices": [device(name="NVIDIA H200 (after a reset)"), gpus[1]]})
-    back = nvml.read()
-    assert back.devices[0].name == "NVIDIA H200 (after a reset)" and back.devices[0].uuid == first.devices[0].uuid
-    assert fake_nvml.CALLS.count("nvmlDeviceGetName") == 1  # GPU 0's new handle only
-
-
 def test_no_permission_and_unsupported_fields(fake_nvml):
     fake_nvml.configure({"devices": [
         device(errors={"nvmlDeviceGetMemoryInfo": "NoPermission"}),
