@@ -81,6 +81,7 @@ class _Passed(NamedTuple):
     when: float  # monotonic time of the pass
     passes: int  # passes since its owner was read
 
+
 class HostCollector:
     def __init__(self) -> None:
         self._commands: dict[tuple[int, float], str] = {}
