@@ -125,7 +125,7 @@ def rules_file(cleanup: Cleanup, horizons: str):
     path = cleanup.tmpdir / "gpuscope.rules.yml"
     if horizons:
         from gpuscope.core.leak import LeakThresholds
-        from gpuscope.core.rules import render_rules
+        from gpuscope.core.fleet.rules import render_rules
 
         hs = tuple(int(h) for h in horizons.split(","))
         path.write_text(render_rules(LeakThresholds(), ttft_p95_s=0.8, e2e_latency_p95_s=4.0, horizons_s=hs))

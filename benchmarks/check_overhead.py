@@ -64,7 +64,7 @@ from _harness import (
 
 sys.path.insert(0, str(ROOT))
 
-from gpuscope.core.growth import theil_sen  # noqa: E402
+from gpuscope.core.leak.growth import theil_sen  # noqa: E402
 
 LOAD = """
 import sys, threading, urllib.request

@@ -24,7 +24,9 @@ import time
 
 from _harness import Cleanup, dump_json, install_signal_handlers, machine, print_table, run_script
 
-from gpuscope.core import allocations, pyspy
+from gpuscope.core.diagnosis import ladder as allocations
+
+from gpuscope.core.target import pyspy
 
 GAPS = """
 import sys, threading, time

@@ -42,14 +42,14 @@ from side_by_side import on_fake_nvml, start_node
 # (module, class, method, what it is): timed while the console runs. Private names are the
 # console's own; a part that is renamed fails the run with its name, not a wrong table.
 PARTS = [
-    ("gpuscope.core.node", "NodeSource", "_read_host", "host: read (memory, scan, rows, followed)"),
-    ("gpuscope.core.host", "HostCollector", "memory", "host:   memory"),
-    ("gpuscope.core.host", "HostCollector", "scan", "host:   /proc scan"),
-    ("gpuscope.core.host", "HostCollector", "complete", "host:   table rows"),
-    ("gpuscope.core.host", "HostCollector", "detail", "host:   followed process"),
-    ("gpuscope.core.node", "NodeSource", "_record", "host: series and watch fed"),
+    ("gpuscope.core.node.live", "NodeSource", "_read_host", "host: read (memory, scan, rows, followed)"),
+    ("gpuscope.core.node.host", "HostCollector", "memory", "host:   memory"),
+    ("gpuscope.core.node.host", "HostCollector", "scan", "host:   /proc scan"),
+    ("gpuscope.core.node.host", "HostCollector", "complete", "host:   table rows"),
+    ("gpuscope.core.node.host", "HostCollector", "detail", "host:   followed process"),
+    ("gpuscope.core.node.live", "NodeSource", "_record", "host: series and watch fed"),
     ("gpuscope.core.leak", "LeakWatch", "update", "host: leak watch judged"),
-    ("gpuscope.core.node", "NodeSource", "_frame", "host: frame built"),
+    ("gpuscope.core.node.live", "NodeSource", "_frame", "host: frame built"),
     ("gpuscope.tui.app", "GpuScopeApp", "on_frame_ready", "main: frame shown (all panels)"),
     ("gpuscope.tui.devices", "DevicesPanel", "show", "main:   devices panel"),
     ("gpuscope.tui.processes", "ProcessTable", "show", "main:   process table"),

@@ -37,9 +37,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpuscope.core import allocations, probe_client  # noqa: E402
-from gpuscope.core.diagnosis import diagnose  # noqa: E402
-from gpuscope.core.investigation import investigate  # noqa: E402
+from gpuscope.core.diagnosis import ladder as allocations  # noqa: E402
+from gpuscope.core.target import probe_client  # noqa: E402
+from gpuscope.core.diagnosis.steps import diagnose  # noqa: E402
+from gpuscope.core.diagnosis.investigation import investigate  # noqa: E402
 
 SERVICE = """
 import os, sys, time

@@ -57,7 +57,7 @@ def main() -> int:
 def measure(seconds: float, refresh: float) -> dict:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from gpuscope.core.exporter import TOP_PER_CRITERION, NodeAgent
+    from gpuscope.core.fleet.exporter import TOP_PER_CRITERION, NodeAgent
 
     agent = NodeAgent("bench", interval=refresh)
     registry = CollectorRegistry()

@@ -33,7 +33,7 @@ from _harness import dump_json, machine, print_table, run_script
 from gpuscope.core.session.export import export_file
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal
-from gpuscope.core.model import Device, Frame, HostMemory, NvmlReading, ProcessRow
+from gpuscope.core.node.model import Device, Frame, HostMemory, NvmlReading, ProcessRow
 from gpuscope.core.session.recording import open_recording
 
 GIB = 2**30

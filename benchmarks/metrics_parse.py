@@ -8,7 +8,7 @@ research notes): vLLM histograms (TTFT, inter-token latency, e2e, queue/prefill/
 token-count histograms), counters and gauges for `--models` x `--engines` label sets, and the
 default dcgm-exporter fields for `--gpus` GPUs with their Hostname/UUID/pod labels.
 
-1. parse:   gpuscope.core.exposition.parse_exposition on the text, median of `--runs`: every
+1. parse:   gpuscope.core.serving.exposition.parse_exposition on the text, median of `--runs`: every
             line, and only the lines the detected profile reads (what the scrape source does: a
             cheap first pass finds the metric names, then only the wanted lines are parsed).
             Then the same at 100,000+ series (`--big-models` x `--big-engines` vLLM label sets
@@ -42,10 +42,10 @@ from _harness import ROOT, Cleanup, dump_json, install_signal_handlers, machine,
 
 sys.path.insert(0, str(ROOT))
 
-from gpuscope.core.exposition import parse_exposition  # noqa: E402
-from gpuscope.core.profiles import BUILTIN_PROFILES, detect, kept_names  # noqa: E402
-from gpuscope.core.scrape import ScrapeCollector  # noqa: E402
-from gpuscope.core.serving import ServingSource  # noqa: E402
+from gpuscope.core.serving.exposition import parse_exposition  # noqa: E402
+from gpuscope.core.serving.profiles import BUILTIN_PROFILES, detect, kept_names  # noqa: E402
+from gpuscope.core.serving.scrape import ScrapeCollector  # noqa: E402
+from gpuscope.core.serving.source import ServingSource  # noqa: E402
 
 TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -307,7 +307,7 @@ def main() -> int:
         ["parser", "runs", "seconds", "µs / line"],
         [
             [name, str(len(big[key])), spread(big[key], ".3f"), f"{statistics.median(big[key]) / big['lines'] * 1e6:.1f}"]
-            for name, key in (("gpuscope.core.exposition.parse_exposition", "gpuscope_s"),
+            for name, key in (("gpuscope.core.serving.exposition.parse_exposition", "gpuscope_s"),
                               ("prometheus_client.parser.text_string_to_metric_families", "prometheus_client_s"))
         ],
     )

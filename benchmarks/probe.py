@@ -23,7 +23,7 @@ import time
 import psutil
 from _harness import Cleanup, dump_json, install_signal_handlers, machine, print_table, run_script
 
-from gpuscope.core import probe_client
+from gpuscope.core.target import probe_client
 
 WITH_PROBE = """
 import time

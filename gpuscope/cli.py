@@ -20,7 +20,7 @@ from typing import Any, NoReturn, cast
 from gpuscope import __version__
 from gpuscope.commands import Command, console
 from gpuscope.commands.common import theme_check
-from gpuscope.core.printable import printable
+from gpuscope.core.common.printable import printable
 from gpuscope.errors import GpuscopeError, UsageError
 
 # name: the one-line help (the module gpuscope.commands.<name> owns everything else).

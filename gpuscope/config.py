@@ -30,7 +30,7 @@ same as an empty one.
 
     [profiles.vllm]                   # override any metric of a built-in profile ...
     ttft = "my_ttft_seconds"
-    [profiles.mysvc]                  # ... or add one (see gpuscope.core.profiles)
+    [profiles.mysvc]                  # ... or add one (see gpuscope.core.serving.profiles)
     detect = ["mysvc_*"]
     e2e = "mysvc_request_seconds"
 
@@ -50,7 +50,7 @@ A bad file is one `ConfigError` line naming the file, the line when it is known,
 The file must be a regular file (a link to one is fine) of at most 1 MiB: a FIFO, a device such
 as /dev/zero, or TOML nested past what the parser can follow is refused with one line, at once.
 Sections are checked here; what a section's keys mean is checked by the module that uses them
-(profiles by gpuscope.core.profiles), through `Config.error()` so every message looks the same.
+(profiles by gpuscope.core.serving.profiles), through `Config.error()` so every message looks the same.
 The values become gpuscope.core.settings' plain dataclasses (what the core takes). New
 settings: add their section there and to `SECTIONS`, and a reader for it here. `resolve()` joins
 the file with the environment and the command line's flags and says where each value came from;
@@ -76,8 +76,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpuscope import theme_files
-from gpuscope.core.attach import check_attach_template
-from gpuscope.core.atomic import RefusedPath, read_regular
+from gpuscope.core.fleet.attach import check_attach_template
+from gpuscope.core.common.atomic import RefusedPath, read_regular
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.settings import (
     ALERT_KEYS,

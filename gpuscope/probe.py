@@ -17,7 +17,7 @@ it, `<folder>-XXXXXXXX`. Only the service's user and root can connect, and the p
 peer of every connection (SO_PEERCRED): anyone else gets one error line and is hung up on.
 `<pid>` is the PID as the service sees it (in a container, its namespace PID). The socket is
 removed by `stop()` and at exit; a socket left by a process that died (SIGKILL) is removed by the
-client (`gpuscope.core.probe_client`).
+client (`gpuscope.core.target.probe_client`).
 
 Protocol: newline-delimited JSON over the socket, one request at a time per connection, any number
 of requests per connection. A request is one line, an object with "op" and the op's arguments

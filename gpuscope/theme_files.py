@@ -27,7 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from gpuscope.core.atomic import RefusedPath, private_folder, read_regular, write_private
+from gpuscope.core.common.atomic import RefusedPath, private_folder, read_regular, write_private
 from gpuscope.folders import config_dir, state_dir
 from gpuscope.errors import UsageError
 
@@ -97,7 +97,7 @@ def remembered(env: Mapping[str, str] = os.environ) -> str | None:
 
 def remember(name: str, env: Mapping[str, str] = os.environ) -> None:
     """Keep the console's choice for next time. Raises OSError when the state folder is not writable
-    (or RefusedPath when it is not ours alone: see gpuscope.core.atomic.private_folder)."""
+    (or RefusedPath when it is not ours alone: see gpuscope.core.common.atomic.private_folder)."""
     path = remembered_path(env)
     private_folder(path.parent)
     write_private(path, name + "\n", replace=True)

@@ -15,7 +15,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from gpuscope.core.node import NodeSource
+from gpuscope.core.node.live import NodeSource
 from gpuscope.demo.run import Demo
 from gpuscope.tui.app import GpuScopeApp
 

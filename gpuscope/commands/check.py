@@ -3,9 +3,9 @@ the CI memory gate.
 
 Starts COMMAND (the service) under gpuscope's probe, as `gpuscope run` would, in a session of its
 own; or, with `--pid P`, watches a service that already runs. Drives the rounds
-(gpuscope.core.gate_run), stops the service it started (SIGTERM to its process group, SIGKILL
-after 10 s), judges the rounds against the baseline (gpuscope.core.gate) and reports
-(gpuscope.core.gate_report). COMMAND's and the load command's output goes to stderr, so that
+(gpuscope.core.gate.run), stops the service it started (SIGTERM to its process group, SIGKILL
+after 10 s), judges the rounds against the baseline (gpuscope.core.gate.verdict) and reports
+(gpuscope.core.gate.report). COMMAND's and the load command's output goes to stderr, so that
 stdout holds only the summary (or the JSON).
 
 Exit status: 0 the gate passes (or the baseline was written), 1 it fails (or the check could not
@@ -28,7 +28,7 @@ from gpuscope.commands.common import DAY_S, attach_check, count, pid, seconds
 from gpuscope.commands.output import check_output, deliver
 from gpuscope.commands.run import launch_env
 from gpuscope.config import Settings
-from gpuscope.core.gate import (
+from gpuscope.core.gate.verdict import (
     DEFAULT_TOLERANCE_PCT,
     Baseline,
     CheckRun,
@@ -36,8 +36,8 @@ from gpuscope.core.gate import (
     judge,
     load_baseline,
 )
-from gpuscope.core.gate_report import to_json, to_junit, to_markdown, to_text
-from gpuscope.core.gate_run import (
+from gpuscope.core.gate.report import to_json, to_junit, to_markdown, to_text
+from gpuscope.core.gate.run import (
     DEFAULT_ROUND_S,
     LOAD_SETTLE_S,
     PROBE_WAIT_S,
@@ -49,7 +49,7 @@ from gpuscope.core.gate_run import (
     drive,
     wait_ready,
 )
-from gpuscope.core.redact import redact_command
+from gpuscope.core.common.redact import redact_command
 from gpuscope.errors import Failure, Signalled, UsageError
 
 
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     ready_url = args.ready_url or (args.metrics_url[0] if args.metrics_url else None)
     if ready_url:
         _check_url(ready_url, "--ready-url")
-    from gpuscope.core.nvml import NvmlCollector  # noqa: PLC0415 - imported once the options are good
+    from gpuscope.core.node.nvml import NvmlCollector  # noqa: PLC0415 - imported once the options are good
 
     def progress(line: str) -> None:
         print(f"gpuscope check: {line}", file=sys.stderr, flush=True)
@@ -182,8 +182,8 @@ def _plan(args: argparse.Namespace, command: list[str], settings: Settings) -> t
 def _metrics(args: argparse.Namespace, settings: Settings) -> RoundMetrics | None:
     if not args.metrics_url:
         return None
-    from gpuscope.core.profiles import load_profiles  # noqa: PLC0415
-    from gpuscope.core.scrape import ScrapeCollector  # noqa: PLC0415
+    from gpuscope.core.serving.profiles import load_profiles  # noqa: PLC0415
+    from gpuscope.core.serving.scrape import ScrapeCollector  # noqa: PLC0415
 
     try:
         profiles = load_profiles(settings.config)
@@ -193,7 +193,7 @@ def _metrics(args: argparse.Namespace, settings: Settings) -> RoundMetrics | Non
 
 
 def _check_url(url: str, option: str) -> None:
-    from gpuscope.core.exposition import Endpoint  # noqa: PLC0415
+    from gpuscope.core.serving.exposition import Endpoint  # noqa: PLC0415
 
     try:
         Endpoint.parse(url)

@@ -16,7 +16,7 @@ from gpuscope.errors import Failure, UsageError
 
 if TYPE_CHECKING:
     from gpuscope.config import Settings
-    from gpuscope.core.serving import ServingSource
+    from gpuscope.core.serving.source import ServingSource
     from gpuscope.core.session.interface import Session
     from gpuscope.tui.app import GpuScopeApp
     from gpuscope.tui.fleet import FleetView
@@ -81,7 +81,7 @@ def add_service_arguments(parser: argparse.ArgumentParser, *, required: bool = F
 
 def attach_check(pid: int) -> None:
     """Refuse an unusable --pid before any work starts, saying what to do."""
-    from gpuscope.core.host import ProcessForbidden, ProcessGone, check_attachable
+    from gpuscope.core.node.host import ProcessForbidden, ProcessGone, check_attachable
 
     try:
         check_attachable(pid)
@@ -152,7 +152,7 @@ def serving_source(settings: Settings, metrics_urls: list[str] | None = None) ->
         if job or instance:
             raise UsageError("--job and --instance go with --prometheus")
         return None
-    from gpuscope.core.serving import ServingSource, make_collector
+    from gpuscope.core.serving.source import ServingSource, make_collector
 
     try:
         collector = make_collector(

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 
 from gpuscope.config import SECRET_KEYS, Settings, config_path
-from gpuscope.core.redact import redact_text
+from gpuscope.core.common.redact import redact_text
 
 
 

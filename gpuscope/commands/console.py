@@ -37,7 +37,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         attach_check(args.pid)
     serving = serving_source(settings)
     terminal_check()
-    from gpuscope.core.node import NodeSource
+    from gpuscope.core.node.live import NodeSource
 
     source = NodeSource(interval=settings.refresh_s, focus_pid=args.pid, thresholds=settings.thresholds)
     return run_console(settings, source, serving, pid=args.pid)
@@ -48,7 +48,7 @@ def fleet_view(settings: Settings, serving: Any) -> Any:
     the same server holds the gpuscope exporters' series. None otherwise."""
     if serving is None or serving.collector.source != "prometheus":
         return None
-    from gpuscope.core.fleet import FleetSource, open_client
+    from gpuscope.core.fleet.collector import FleetSource, open_client
     from gpuscope.tui.fleet import FleetView
 
     client = open_client(settings.value("prometheus.url"), config=settings.config.prometheus)
@@ -117,7 +117,7 @@ def paint_skeleton() -> bool:
     except (OSError, ValueError):
         return False
     from gpuscope import __version__
-    from gpuscope.core.printable import printable
+    from gpuscope.core.common.printable import printable
 
     title = f" gpuscope {__version__} · {printable(socket.gethostname())}"
     sys.stdout.write(SKELETON.format(title=title[:width].ljust(width), status="starting…"[:max(0, width - 2)]))

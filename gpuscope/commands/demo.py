@@ -73,8 +73,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def _headless(demo: Demo, args: argparse.Namespace, settings: Settings, stop: threading.Event) -> int:
     """The diagnosis of the demo service, as `gpuscope diagnose` would print it."""
     from gpuscope.commands.diagnose import emit
-    from gpuscope.core.diagnosis import diagnose
-    from gpuscope.core.investigation import investigate
+    from gpuscope.core.diagnosis.steps import diagnose
+    from gpuscope.core.diagnosis.investigation import investigate
     from gpuscope.demo.run import DemoError
 
     assert demo.service is not None
@@ -90,7 +90,7 @@ def _headless(demo: Demo, args: argparse.Namespace, settings: Settings, stop: th
 
 def _console(demo: Demo, settings: Settings) -> int:
     from gpuscope.commands.console import run_console
-    from gpuscope.core.node import NodeSource
+    from gpuscope.core.node.live import NodeSource
 
     assert demo.service is not None
     console_theme(settings)  # a theme that is gone is said before the console starts

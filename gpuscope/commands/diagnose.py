@@ -19,10 +19,10 @@ import sys
 from gpuscope.commands.common import DAY_S, add_service_arguments, attach_check, pid, seconds, serving_source
 from gpuscope.commands.output import add_output_arguments, check_output, deliver
 from gpuscope.config import Settings
-from gpuscope.core.diagnosis import Diagnosis, diagnose
-from gpuscope.core.investigation import investigate
-from gpuscope.core.printable import printable_line
-from gpuscope.core.serving_model import SourceError
+from gpuscope.core.diagnosis.steps import Diagnosis, diagnose
+from gpuscope.core.diagnosis.investigation import investigate
+from gpuscope.core.common.printable import printable_line
+from gpuscope.core.serving.model import SourceError
 from gpuscope.errors import Failure, UsageError
 
 WATCH_S = 30.0  # a live watch
@@ -65,8 +65,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def remote(args: argparse.Namespace, settings: Settings) -> int:
     """Steps 1-6 from the exporter's series in Prometheus: the node itself is never reached."""
-    from gpuscope.core.fleet import ProcessNotExported, open_client, remote_diagnosis, remote_evidence
-    from gpuscope.core.serving import observe
+    from gpuscope.core.fleet.collector import ProcessNotExported, open_client, remote_diagnosis, remote_evidence
+    from gpuscope.core.serving.source import observe
 
     url = settings.value("prometheus.url")
     if not url or settings.effective["service.metrics_url"].origin == "flag":

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.process_collector import ProcessCollector
 
-    from gpuscope.core.exporter import NodeAgent
+    from gpuscope.core.fleet.exporter import NodeAgent
 
     agent = NodeAgent(node, interval=settings.refresh_s, thresholds=settings.thresholds)
     registry = CollectorRegistry()

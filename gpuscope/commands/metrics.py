@@ -27,8 +27,8 @@ import time
 
 from gpuscope.commands.common import DAY_S, add_service_arguments, seconds
 from gpuscope.config import Settings
-from gpuscope.core.serving import ServingSource, make_collector, observe
-from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
+from gpuscope.core.serving.source import ServingSource, make_collector, observe
+from gpuscope.core.serving.model import SIGNAL_NAMES, ServingSnapshot
 from gpuscope.errors import Failure, UsageError
 
 NOW_WINDOW_S = 3.0  # "now" from a /metrics endpoint: two scrapes about this far apart

@@ -1,6 +1,6 @@
 """Where a command's output goes: standard output (no -o, or -o -), or a private file (-o FILE).
 
--o FILE writes only a regular file, 0600 and atomically (gpuscope.core.atomic): a device, a FIFO,
+-o FILE writes only a regular file, 0600 and atomically (gpuscope.core.common.atomic): a device, a FIFO,
 a socket, a folder or a symbolic link is refused, and an existing file is replaced only with
 --force. Commands check -o before they start work (`check_output`), so an hour of recording is
 never lost to a name that cannot be written.
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO
 
-from gpuscope.core.atomic import RefusedPath, check_target, write_private
+from gpuscope.core.common.atomic import RefusedPath, check_target, write_private
 from gpuscope.errors import Failure, UsageError
 
 STDOUT = "-"

@@ -8,10 +8,10 @@ import sys
 import time
 
 from gpuscope.config import Settings
-from gpuscope.core.model import Frame
-from gpuscope.core.node import NodeSource
-from gpuscope.core.printable import printable
-from gpuscope.core.units import format_bytes
+from gpuscope.core.node.model import Frame
+from gpuscope.core.node.live import NodeSource
+from gpuscope.core.common.printable import printable
+from gpuscope.core.common.units import format_bytes
 
 
 def sample_processes() -> Frame:

@@ -9,7 +9,7 @@ import argparse
 
 from gpuscope.commands.output import add_output_arguments, check_output, deliver
 from gpuscope.config import Settings
-from gpuscope.core.rules import render_rules
+from gpuscope.core.fleet.rules import render_rules
 
 
 

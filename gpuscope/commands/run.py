@@ -14,7 +14,7 @@ shell script that ends in python — and in the worker processes the service spa
 core, which holds the GPU memory, is a child process), each of which gets a probe under its own
 PID. It is not seen by an interpreter started with -I, -E or -S (those ignore PYTHONPATH or site).
 
-The second starts the probe inside a running process (see gpuscope.core.inject): opt-in, with a
+The second starts the probe inside a running process (see gpuscope.core.target.inject): opt-in, with a
 warning, refused with one line where it is unsafe.
 """
 
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def inject(pid: int, *, anyway: bool) -> int:
-    from gpuscope.core.inject import WARNING, InjectRefused, inject_probe
+    from gpuscope.core.target.inject import WARNING, InjectRefused, inject_probe
 
     def warn() -> None:
         print(f"gpuscope: warning: {WARNING.format(pid=pid)}", file=sys.stderr, flush=True)

@@ -22,9 +22,9 @@ from pathlib import Path
 from gpuscope.commands.common import DAY_S, add_service_arguments, attach_check, pid, seconds, serving_source
 from gpuscope.commands.output import add_output_arguments, check_output, refusal, to_stdout
 from gpuscope.config import Settings
-from gpuscope.core.atomic import RefusedPath
-from gpuscope.core import pyspy
-from gpuscope.core.node import NodeSource
+from gpuscope.core.common.atomic import RefusedPath
+from gpuscope.core.target import pyspy
+from gpuscope.core.node.live import NodeSource
 from gpuscope.core.session.format import describe, session_meta
 from gpuscope.core.session.journal import Journal
 from gpuscope.core.session.live import LiveSession

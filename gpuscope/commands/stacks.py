@@ -8,8 +8,8 @@ import sys
 
 from gpuscope.commands.common import attach_check, count, pid, seconds
 from gpuscope.config import Settings
-from gpuscope.core import pyspy
-from gpuscope.core.stacks import KIND_LEGEND, KIND_MARK, StackDump, StackSample, stack_json, thread_json
+from gpuscope.core.target import pyspy
+from gpuscope.core.target.stacks import KIND_LEGEND, KIND_MARK, StackDump, StackSample, stack_json, thread_json
 
 SCHEMA = "gpuscope.stacks/1"
 

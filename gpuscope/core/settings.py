@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuscope.core.attach import DEFAULT_ATTACH
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.errors import UsageError
 
@@ -54,7 +53,7 @@ class PrometheusConfig:
 class FleetConfig:
     """The fleet view: the command Enter runs to open gpuscope on a process of another node."""
 
-    attach: str = DEFAULT_ATTACH
+    attach: str = "ssh -t {node} gpuscope --pid {pid}"  # the command `gpuscope.core.fleet.attach` runs
 
 
 # The leak detector's thresholds a user may change; the others are the detector's own business.

@@ -18,9 +18,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gpuscope.core.model import Alert, Frame
-from gpuscope.core.printable import printable
-from gpuscope.core.units import format_duration, format_rate
+from gpuscope.core.node.model import Alert, Frame
+from gpuscope.core.common.printable import printable
+from gpuscope.core.common.units import format_duration, format_rate
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 

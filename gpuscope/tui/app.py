@@ -29,8 +29,8 @@ from rich.text import Text
 from textual.widgets import Footer, Input
 
 from gpuscope import __version__
-from gpuscope.core.model import Alert, Frame
-from gpuscope.core.printable import printable
+from gpuscope.core.node.model import Alert, Frame
+from gpuscope.core.common.printable import printable
 from gpuscope.core.settings import SloConfig
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.session.format import describe
@@ -53,7 +53,7 @@ from gpuscope.tui.workspace import Workspace
 if TYPE_CHECKING:
     from textual.driver import Driver
 
-    from gpuscope.core.serving_model import ServingSnapshot
+    from gpuscope.core.serving.model import ServingSnapshot
     from gpuscope.tui.fleet import FleetView
 
 

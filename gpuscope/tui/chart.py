@@ -24,7 +24,7 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
-from gpuscope.core.model import MemorySeries
+from gpuscope.core.node.model import MemorySeries
 from gpuscope.tui.palette import Palette, follow_theme, palette_of
 from gpuscope.tui.textlines import Cells, changed_span
 

@@ -8,9 +8,9 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 
-from gpuscope.core.model import Frame, ProcessRow, TorchMemory
-from gpuscope.core.printable import printable
-from gpuscope.core.units import format_bytes, format_rate
+from gpuscope.core.node.model import Frame, ProcessRow, TorchMemory
+from gpuscope.core.common.printable import printable
+from gpuscope.core.common.units import format_bytes, format_rate
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 

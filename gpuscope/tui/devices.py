@@ -10,9 +10,9 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
-from gpuscope.core.model import Frame
-from gpuscope.core.printable import printable
-from gpuscope.core.units import format_bytes
+from gpuscope.core.node.model import Frame
+from gpuscope.core.common.printable import printable
+from gpuscope.core.common.units import format_bytes
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 

@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from gpuscope.core.atomic import private_folder
+from gpuscope.core.common.atomic import private_folder
 from gpuscope.folders import exports_dir
 
 LAST_S = 600.0  # "the last ten minutes"
@@ -20,7 +20,7 @@ LAST_S = 600.0  # "the last ten minutes"
 
 def export_target() -> Path:
     """A new file name in the exports folder, which is made 0700 and must be ours alone (no other
-    user's folder or link on the way: see gpuscope.core.atomic.private_folder). OSError if not."""
+    user's folder or link on the way: see gpuscope.core.common.atomic.private_folder). OSError if not."""
     folder = private_folder(exports_dir())
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target, n = folder / f"snapshot-{stamp}.gpuscope", 1

@@ -1,7 +1,7 @@
 """The fleet view (`f`, with --prometheus): every node's processes from the gpuscope exporters,
 fastest growth first; Enter opens gpuscope on the selected process's node.
 
-The rows come from gpuscope.core.fleet's FleetSource, on its own thread at the pace Prometheus
+The rows come from gpuscope.core.fleet.collector's FleetSource, on its own thread at the pace Prometheus
 scrapes the exporters (not every frame), as FleetReady messages. Enter suspends the console
 (`App.suspend()`), runs the settings' `[fleet] attach` command in the terminal, and resumes.
 """
@@ -19,9 +19,9 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from gpuscope.core.attach import AttachRefused, attach_argv, run_attach
-from gpuscope.core.fleet import FleetProcess, FleetSnapshot, FleetSource
-from gpuscope.core.units import format_bytes, format_rate
+from gpuscope.core.fleet.attach import AttachRefused, attach_argv, run_attach
+from gpuscope.core.fleet.collector import FleetProcess, FleetSnapshot, FleetSource
+from gpuscope.core.common.units import format_bytes, format_rate
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 
 COLUMNS = (("node", "NODE"), ("pod", "POD"), ("pid", "PID"), ("gpu", "GPU"), ("gpu_mem", "GPU MEM"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from gpuscope.core.model import Frame
-from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.core.node.model import Frame
+from gpuscope.core.serving.model import ServingSnapshot
 
 
 class FrameReady(Message):

@@ -21,10 +21,10 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.widget import Widget
 
-from gpuscope.core.command_display import display_command
-from gpuscope.core.model import ProcessRow
-from gpuscope.core.printable import printable
-from gpuscope.core.units import format_bytes, format_rate
+from gpuscope.core.node.command_display import display_command
+from gpuscope.core.node.model import ProcessRow
+from gpuscope.core.common.printable import printable
+from gpuscope.core.common.units import format_bytes, format_rate
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 

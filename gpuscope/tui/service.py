@@ -18,8 +18,8 @@ import time
 from rich.text import Text
 
 from gpuscope.core.settings import SloConfig
-from gpuscope.core.printable import printable
-from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.core.common.printable import printable
+from gpuscope.core.serving.model import ServingSnapshot
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
 from gpuscope.tui.textlines import TextLines
 

@@ -22,10 +22,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from gpuscope.core import allocations, pyspy
-from gpuscope.core.attribution import Attribution
-from gpuscope.core.stacks import KIND_LEGEND, KIND_MARK, LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
-from gpuscope.core.units import format_size
+from gpuscope.core.diagnosis import ladder as allocations
+
+from gpuscope.core.target import pyspy
+from gpuscope.core.diagnosis.attribution import Attribution
+from gpuscope.core.target.stacks import KIND_LEGEND, KIND_MARK, LIBRARY, NATIVE, OWN, STDLIB, HotPath, StackDump, StackFrame, StackSample
+from gpuscope.core.common.units import format_size
 from gpuscope.tui.app_session import session_of
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
 from gpuscope.tui.palette import palette_of

@@ -21,7 +21,7 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-from gpuscope.core.printable import printable
+from gpuscope.core.common.printable import printable
 
 Cells = tuple[tuple[str, Style | None], ...]
 # What a line of Text draws: its characters, styles, justification and overflow.

@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Input
 
-from gpuscope.core.model import ReplayPosition
+from gpuscope.core.node.model import ReplayPosition
 from gpuscope.tui.textlines import TextLines
 
 KEYS = "space play/pause · [ ] step · { } ±1 min · < > speed · J jump"

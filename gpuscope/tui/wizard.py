@@ -28,11 +28,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList
 from textual.widgets.option_list import Option
 
-from gpuscope.core import allocations, probe_client
-from gpuscope.core.atomic import private_folder, write_private
-from gpuscope.core.diagnosis import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step
-from gpuscope.core.evidence import VERDICT, evidence_lines
-from gpuscope.core.printable import printable
+from gpuscope.core.diagnosis import ladder as allocations
+
+from gpuscope.core.target import probe_client
+from gpuscope.core.common.atomic import private_folder, write_private
+from gpuscope.core.diagnosis.steps import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step
+from gpuscope.core.diagnosis.evidence import VERDICT, evidence_lines
+from gpuscope.core.common.printable import printable
 from gpuscope.folders import exports_dir
 from gpuscope.tui.app_session import console_of, session_of
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from gpuscope.core.node import NodeSource
-from gpuscope.core.nvml import NvmlCollector
+from gpuscope.core.diagnosis.recorded import source_evidence
+from gpuscope.core.node.live import NodeSource
+from gpuscope.core.node.nvml import NvmlCollector
 
 from helpers import require_gpu, wait_until
 
@@ -140,14 +141,14 @@ time.sleep(600)
 
 
 def _stats(pid):
-    from gpuscope.core import probe_client
+    from gpuscope.core.target import probe_client
 
     with probe_client.probe_for(pid, timeout=30) as client:
         return client.stats()["devices"][0]
 
 
 def test_probe_a_cuda_leak_grows_allocated_and_torch_history_names_it(cuda_torch, spawn_python):
-    from gpuscope.core import allocations
+    from gpuscope.core.diagnosis import ladder as allocations
 
     child = spawn_python(PROBED_CUDA_LEAKER)
     first = _stats(child.pid)
@@ -165,7 +166,8 @@ def test_probe_a_cuda_leak_grows_allocated_and_torch_history_names_it(cuda_torch
 
 
 def test_probe_a_churning_allocator_grows_reserved_with_allocated_flat(cuda_torch, spawn_python):
-    from gpuscope.core import allocations, probe_client
+    from gpuscope.core.diagnosis import ladder as allocations
+    from gpuscope.core.target import probe_client
 
     child = spawn_python(PROBED_CUDA_CHURN)
     first = _stats(child.pid)
@@ -185,8 +187,8 @@ def test_the_console_source_shows_torch_beside_nvml_and_classifies_cache_growth(
     allocated for the churning process, and the diagnosis calls its growth cache-growth."""
     import time as _time
 
-    from gpuscope.core.diagnosis import diagnose
-    from gpuscope.core.node import NodeSource
+    from gpuscope.core.diagnosis.steps import diagnose
+    from gpuscope.core.node.live import NodeSource
 
     child = spawn_python(PROBED_CUDA_CHURN)
     source = NodeSource(interval=0.5, focus_pid=child.pid)
@@ -202,7 +204,7 @@ def test_the_console_source_shows_torch_beside_nvml_and_classifies_cache_growth(
         print(f"console: NVML {nvml}, torch reserved {torch.reserved_bytes}, allocated {torch.allocated_bytes}, "
               f"other (context + libraries) {nvml - torch.reserved_bytes}")
         assert nvml >= torch.reserved_bytes >= torch.allocated_bytes
-        d = diagnose(source.evidence(child.pid, 600))
+        d = diagnose(source_evidence(source, child.pid, 600))
         print(f"console: diagnosis {d.verdict} ({d.pattern}) over {d.duration_s:.0f} s")
         assert d.pattern == "cache-growth" and d.verdict == "no-leak", d.to_text()
     finally:
@@ -210,7 +212,7 @@ def test_the_console_source_shows_torch_beside_nvml_and_classifies_cache_growth(
 
 
 def test_probe_cost_per_allocation_with_history_on(cuda_torch, spawn_python, tmp_path):
-    from gpuscope.core import probe_client
+    from gpuscope.core.target import probe_client
 
     off, on = tmp_path / "off", tmp_path / "on"
     child = spawn_python(PROBED_CUDA_TIMING, str(off), str(on))

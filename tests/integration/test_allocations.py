@@ -15,7 +15,13 @@ import venv
 import psutil
 import pytest
 
-from gpuscope.core import allocations, attribution, privilege
+from gpuscope.core.diagnosis import _memray_attach, _probe_trackers
+from gpuscope.core.diagnosis import ladder as allocations
+from gpuscope.core.target.interpreter import injection_problem, target_interpreter
+
+from gpuscope.core.diagnosis import attribution
+
+from gpuscope.core.target import privilege
 
 from helpers import canary_says, wait_until
 
@@ -99,12 +105,12 @@ def test_a_capture_in_the_folder_shared_with_the_process_is_read_through_the_ope
     script = tmp_path / "leaker.py"
     script.write_text(program(body, 150))
     with privilege.SharedFolder("memray", privilege.owner_of(os.getpid())) as folder:
-        assert allocations._read_capture(folder, ()) is None  # not written yet
+        assert _memray_attach._read_capture(folder, ()) is None  # not written yet
         capture = os.path.join(folder.shared, "capture.bin")
         run = subprocess.run([sys.executable, "-m", "memray", "run", "--aggregate", "-q", "-o", capture, str(script)],
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
-        suspects = allocations._read_capture(folder, (str(tmp_path) + "/",))
+        suspects = _memray_attach._read_capture(folder, (str(tmp_path) + "/",))
     assert suspects[0].function == leaker and suspects[0].file == str(script)
     assert not os.path.exists(folder.private)
 
@@ -127,7 +133,7 @@ def slow_leaker(spawn_python):
 
 def test_memray_attaches_names_the_leak_and_leaves_the_target_running(spawn_python):
     child = slow_leaker(spawn_python)
-    problem = allocations.injection_problem(allocations.target_interpreter(child.pid))
+    problem = injection_problem(target_interpreter(child.pid))
     if problem:  # the refusal is tested below on any machine; attaching needs one where gdb is safe
         pytest.skip(f"gdb cannot inject safely on this machine: {problem}")
     result = allocations.attribute(child.pid, 3.0)
@@ -293,7 +299,7 @@ def test_without_any_memray_tracemalloc_names_the_leak_and_says_what_it_cannot_s
         while True:
             leak(); churn(); time.sleep(0.02)
     """))
-    monkeypatch.setattr(allocations, "own_memray_path", lambda: None)
+    monkeypatch.setattr(_probe_trackers, "own_memray_path", lambda: None)
     bare = tmp_path / "bare-venv"
     venv.create(bare, with_pip=False)
     proc = subprocess.Popen([sys.executable, "-m", "gpuscope", "run", "--", str(bare / "bin" / "python"), str(script)],

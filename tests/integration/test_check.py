@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from gpuscope.core.gate import BASELINE_SCHEMA, Baseline, CheckRun, Memory, Round, judge
+from gpuscope.core.gate.verdict import BASELINE_SCHEMA, Baseline, CheckRun, Memory, Round, judge
 
 from helpers import LEAKER, fake_nvml_env, gpuscope_cmd
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from gpuscope.core.diagnosis import diagnose
-from gpuscope.core.investigation import investigate, schedule
+from gpuscope.core.diagnosis.steps import diagnose
+from gpuscope.core.diagnosis.investigation import investigate, schedule
 
 from helpers import gpuscope_cmd, run_together, wait_until
 
@@ -301,7 +301,7 @@ def test_a_process_that_exits_mid_diagnosis_gets_a_verdict_from_what_was_gathere
 
 # -- the memory trend without what the tracker added (pure) -----------------------------------------
 
-from gpuscope.core.diagnosis import Series, uninstrumented  # noqa: E402
+from gpuscope.core.diagnosis.steps import Series, uninstrumented  # noqa: E402
 from gpuscope.core.leak import assess  # noqa: E402
 
 
@@ -400,7 +400,7 @@ def test_sawtooths_whose_floor_the_tracker_lifted_are_not_carried_on_as_growth()
 
 # -- a tracker stops once what it sees is clear ---------------------------------------------------
 
-from gpuscope.core import probe_client  # noqa: E402
+from gpuscope.core.target import probe_client  # noqa: E402
 from gpuscope.core.leak import tracking_settled  # noqa: E402
 
 STEPS = [i * 1.0 for i in range(9)]  # a read a second, as the probe takes them

@@ -18,9 +18,10 @@ import textwrap
 
 import pytest
 
-from gpuscope.core import allocations
-from gpuscope.core.diagnosis import diagnose
-from gpuscope.core.investigation import investigate
+from gpuscope.core.diagnosis import _probe_trackers
+from gpuscope.core.diagnosis import ladder as allocations
+from gpuscope.core.diagnosis.steps import diagnose
+from gpuscope.core.diagnosis.investigation import investigate
 
 from helpers import gpuscope_cmd, python_without, run_together, wait_until
 
@@ -267,7 +268,7 @@ def test_with_no_memray_at_all_tracemalloc_names_the_leak_and_memray_says_how_fa
     """No memray to lend (another interpreter version): tracemalloc sees the tokenizer's Encoding
     objects grow and names the function that keeps them. memray (in the environment of a second
     service) reports how far it is while it tracks, and the sites it saw once its capture is read."""
-    monkeypatch.setattr(allocations, "own_memray_path", lambda: None)  # an interpreter gpuscope cannot lend to
+    monkeypatch.setattr(_probe_trackers, "own_memray_path", lambda: None)  # an interpreter gpuscope cannot lend to
     procs = start_services(tmp_path, bare_python, {("bare", "tokenizers"): (TOKENIZERS, True)}, probe=True)
     procs.update(start_services(tmp_path, sys.executable, {("memray", "tokenizers"): (TOKENIZERS, True)}, probe=True))
     progress: list[tuple[str, float]] = []

@@ -9,9 +9,9 @@ import sys
 import textwrap
 import time
 
-from gpuscope.core.diagnosis import diagnose
-from gpuscope.core.evidence import evidence_lines
-from gpuscope.core.investigation import investigate
+from gpuscope.core.diagnosis.steps import diagnose
+from gpuscope.core.diagnosis.evidence import evidence_lines
+from gpuscope.core.diagnosis.investigation import investigate
 
 from helpers import canary_says, gpuscope_cmd
 
@@ -96,8 +96,9 @@ def test_a_service_allocating_a_gigabyte_a_second_is_diagnosed_in_time_and_the_c
 def test_a_tracker_that_ends_late_is_still_followed_by_a_watch_of_its_own(tmp_path, monkeypatch):
     """On a loaded machine a tracker's reply can come after the budget: the memory trend still
     gets `AFTER_MIN_S` of samples after it, and the diagnosis still ends within the stop grace."""
-    from gpuscope.core import allocations, investigation
-    from gpuscope.core.attribution import Attribution
+    from gpuscope.core.diagnosis import ladder as allocations
+    from gpuscope.core.diagnosis import investigation
+    from gpuscope.core.diagnosis.attribution import Attribution
 
     duration = 8.0
     proc = _start(tmp_path, "leaker", SLOW_LEAKER, probe=False)

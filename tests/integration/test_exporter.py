@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscope.core.exporter import choose_exported, parse_cgroup
-from gpuscope.core.host import HostProcess
+from gpuscope.core.fleet.exporter import choose_exported, parse_cgroup
+from gpuscope.core.node.host import HostProcess
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.rules import render_rules
+from gpuscope.core.fleet.rules import render_rules
 from helpers import fake_nvml_env, free_port, gpuscope_cmd, wait_until
 from prometheus_server import prometheus_with_config
 
@@ -187,7 +187,7 @@ def test_a_taken_port_or_missing_certificate_is_one_line_and_exit_1(tmp_path):
 
 def test_exporter_imports_neither_the_console_nor_torch():
     code = ("import sys; from gpuscope.cli import main; from gpuscope.commands import exporter; "
-            "import gpuscope.core.exporter; "
+            "import gpuscope.core.fleet.exporter; "
             "print(sorted(m for m in sys.modules if m.startswith(('textual', 'torch', 'gpuscope.tui'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from gpuscope.core.attach import DEFAULT_ATTACH, AttachRefused, attach_argv, run_attach
-from gpuscope.core.fleet import FleetProcess, fleet_rows, open_client, read_fleet
+from gpuscope.core.fleet.attach import DEFAULT_ATTACH, AttachRefused, attach_argv, run_attach
+from gpuscope.core.fleet.collector import FleetProcess, fleet_rows, open_client, read_fleet
 from helpers import fake_nvml_env, gpuscope_cmd, wait_until
 from test_exporter import FAST_LEAKER, exporter
 from prometheus_server import prometheus_with_config

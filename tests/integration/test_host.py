@@ -9,9 +9,9 @@ import time
 import psutil
 import pytest
 
-from gpuscope.core.host import HostCollector, ProcessForbidden, ProcessGone, check_attachable
-from gpuscope.core.target import is_python
-from gpuscope.core.node import NodeSource
+from gpuscope.core.node.host import HostCollector, ProcessForbidden, ProcessGone, check_attachable
+from gpuscope.core.target.interpreter import is_python
+from gpuscope.core.node.live import NodeSource
 
 from helpers import IDLER, LEAKER, wait_until
 
@@ -102,8 +102,8 @@ def test_an_attached_process_that_exits_keeps_its_details_and_chart(spawn_python
 def test_one_python_version_detection_for_the_console_and_the_injection():
     import os
 
-    from gpuscope.core.host import HostCollector
-    from gpuscope.core.target import python_version_of, version_in_name
+    from gpuscope.core.node.host import HostCollector
+    from gpuscope.core.target.interpreter import python_version_of, version_in_name
 
     assert python_version_of(os.getpid()) == sys.version_info[:2]
     assert HostCollector().detail(os.getpid()).python_version.startswith("%d.%d" % sys.version_info[:2])
@@ -172,7 +172,7 @@ def test_a_stat_file_kept_open_for_a_process_gone_is_never_read_as_the_process_t
 
 
 def test_the_scan_keeps_no_more_files_open_than_its_share_of_the_limit(spawn_python, monkeypatch):
-    monkeypatch.setattr("gpuscope.core.host._stat_files_to_keep", lambda: 2)
+    monkeypatch.setattr("gpuscope.core.node.host._stat_files_to_keep", lambda: 2)
     children = [spawn_python(IDLER) for _ in range(3)]
     pids = [c.pid for c in children]
     host = HostCollector()
@@ -187,7 +187,7 @@ def test_a_process_whose_stat_line_is_unchanged_is_taken_as_it_was_and_its_owner
     """A stopped process's /proc/PID/stat reads the same each pass: its row is the last one (CPU
     0.0), as a full read gives it, without asking its owner, until the owner is due again; a
     process that runs is read afresh each pass."""
-    from gpuscope.core import host as host_module
+    from gpuscope.core.node import host as host_module
 
     stopped, running = spawn_python(IDLER), spawn_python(LEAKER, "20")
     os.kill(stopped.pid, signal.SIGSTOP)

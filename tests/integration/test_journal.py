@@ -17,12 +17,12 @@ import pytest
 
 from frames import T0, recording_text, rows, session_frames
 from gpuscope.core.session import format as journal_mod
-from gpuscope.core.attribution import Attribution, Rung
+from gpuscope.core.diagnosis.attribution import Attribution, Rung
 from gpuscope.core.session.format import KEYFRAME_EVERY, session_meta
 from gpuscope.core.session.journal import Journal
 from gpuscope.core.session.retention import prune
 from gpuscope.core.session.recording import RecordingError, open_recording
-from gpuscope.core.stacks import StackDump, StackFrame, Suspect, ThreadStack
+from gpuscope.core.target.stacks import StackDump, StackFrame, Suspect, ThreadStack
 from helpers import ROOT, SUPPORT, gpuscope_cmd
 
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from gpuscope.core.node import NodeSource
-from gpuscope.core.nvml import NvmlCollector
+from gpuscope.core.node.live import NodeSource
+from gpuscope.core.node.nvml import NvmlCollector
 
 from helpers import IDLER, fake_nvml_env, gpuscope_cmd
 
@@ -116,7 +116,7 @@ def test_a_process_that_vanishes_between_the_nvml_and_psutil_reads(fake_nvml, sp
     gone.kill()
     gone.wait()
     fake_nvml.configure({"devices": [device(compute=[{"pid": alive.pid, "used": 2 * GIB}, {"pid": gone.pid, "used": GIB}])]})
-    monkeypatch.setattr("gpuscope.core.node.in_container", lambda: False)
+    monkeypatch.setattr("gpuscope.core.node.live.in_container", lambda: False)
     frame = NodeSource().sample_once()
     gpu_rows = [r for r in frame.processes if r.gpu is not None]
     assert [(r.pid, r.gpu, r.gpu_memory_bytes) for r in gpu_rows] == [(alive.pid, 0, 2 * GIB)]
@@ -126,7 +126,7 @@ def test_a_process_that_vanishes_between_the_nvml_and_psutil_reads(fake_nvml, sp
 
 def test_pids_invisible_in_a_container_give_one_banner(fake_nvml, monkeypatch):
     fake_nvml.configure({"devices": [device(compute=[{"pid": 4_000_001, "used": GIB}, {"pid": 4_000_002, "used": GIB}])]})
-    monkeypatch.setattr("gpuscope.core.node.in_container", lambda: True)
+    monkeypatch.setattr("gpuscope.core.node.live.in_container", lambda: True)
     frame = NodeSource().sample_once()
     assert not [r for r in frame.processes if r.gpu is not None]
     assert len(frame.notices) == 1

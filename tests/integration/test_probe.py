@@ -21,8 +21,10 @@ import psutil
 import pytest
 
 from gpuscope import probe
-from gpuscope.core import allocations, attribution, probe_client
-from gpuscope.core.probe_client import ProbeClient, ProbeError
+from gpuscope.core.diagnosis import ladder as allocations
+from gpuscope.core.diagnosis import attribution
+from gpuscope.core.target import probe_client
+from gpuscope.core.target.probe_client import ProbeClient, ProbeError
 
 from helpers import ROOT, SUPPORT, wait_until
 

@@ -10,12 +10,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from gpuscope.config import ConfigError, config_path, load_config
-from gpuscope.core.exposition import parse_exposition
-from gpuscope.core.profiles import BUILTIN_PROFILES, MetricRef, detect, load_profiles, resolve, spellings
-from gpuscope.core.promql import histogram_quantile, parse_le
-from gpuscope.core.prometheus import PrometheusAuth
-from gpuscope.core.scrape import ScrapeCollector
-from gpuscope.core.serving_model import SIGNAL_NAMES
+from gpuscope.core.serving.exposition import parse_exposition
+from gpuscope.core.serving.profiles import BUILTIN_PROFILES, MetricRef, detect, load_profiles, resolve, spellings
+from gpuscope.core.serving.promql import histogram_quantile, parse_le
+from gpuscope.core.serving.prometheus import PrometheusAuth
+from gpuscope.core.serving.scrape import ScrapeCollector
+from gpuscope.core.serving.model import SIGNAL_NAMES
 from gpuscope.demo.service import Metrics
 from helpers import FIXTURES, gpuscope_cmd
 

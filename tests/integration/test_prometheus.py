@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from gpuscope.core.profiles import BUILTIN_PROFILES
-from gpuscope.core.prometheus import PrometheusCollector
-from gpuscope.core.scrape import ScrapeCollector
-from gpuscope.core.serving import ServingSource, observe
-from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
+from gpuscope.core.serving.profiles import BUILTIN_PROFILES
+from gpuscope.core.serving.prometheus import PrometheusCollector
+from gpuscope.core.serving.scrape import ScrapeCollector
+from gpuscope.core.serving.source import ServingSource, observe
+from gpuscope.core.serving.model import SIGNAL_NAMES, ServingSnapshot
 from helpers import FIXTURES, free_port, gpuscope_cmd, wait_until
 from prometheus_server import Prometheus, running_prometheus
 from metrics_server import MetricsServer, RawServer, Reply, ask, demo_service, linear_exposition

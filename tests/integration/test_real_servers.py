@@ -20,14 +20,14 @@ import time
 
 import pytest
 
-from gpuscope.core import fetch
-from gpuscope.core.exposition import ACCEPT, Endpoint
-from gpuscope.core.scrape import scrape
-from gpuscope.core.profiles import BUILTIN_PROFILES
-from gpuscope.core.prometheus import PrometheusCollector
-from gpuscope.core.scrape import ScrapeCollector
-from gpuscope.core.serving import observe
-from gpuscope.core.serving_model import SIGNAL_NAMES, ServingSnapshot
+from gpuscope.core.serving import fetch
+from gpuscope.core.serving.exposition import ACCEPT, Endpoint
+from gpuscope.core.serving.scrape import scrape
+from gpuscope.core.serving.profiles import BUILTIN_PROFILES
+from gpuscope.core.serving.prometheus import PrometheusCollector
+from gpuscope.core.serving.scrape import ScrapeCollector
+from gpuscope.core.serving.source import observe
+from gpuscope.core.serving.model import SIGNAL_NAMES, ServingSnapshot
 from helpers import gpuscope_cmd, wait_until
 from real_servers import ACCEPTS, TOKENS_PER_REQUEST, llm_server
 from prometheus_server import running_prometheus

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.rules import render_rules
+from gpuscope.core.fleet.rules import render_rules
 from helpers import gpuscope_cmd, require_tool
 from test_leak import GB, MB, sawtooth, series, warm_up
 

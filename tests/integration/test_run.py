@@ -17,8 +17,9 @@ import psutil
 import pytest
 
 from gpuscope import cli
-from gpuscope.core import inject, probe_client
-from gpuscope.core.target import injection_problem, python_version_of, target_interpreter
+from gpuscope.core.target import inject
+from gpuscope.core.target import probe_client
+from gpuscope.core.target.interpreter import injection_problem, python_version_of, target_interpreter
 
 from helpers import canary_says, gpuscope_cmd, wait_until
 

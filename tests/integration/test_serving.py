@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from gpuscope.core.profiles import BUILTIN_PROFILES
-from gpuscope.core.promql import histogram_quantile
-from gpuscope.core.scrape import ScrapeCollector
-from gpuscope.core.serving import ServingSource, make_collector, observe, scrape_schedule
-from gpuscope.core.serving_model import SCHEMA, SIGNAL_NAMES, ServingSnapshot
+from gpuscope.core.serving.profiles import BUILTIN_PROFILES
+from gpuscope.core.serving.promql import histogram_quantile
+from gpuscope.core.serving.scrape import ScrapeCollector
+from gpuscope.core.serving.source import ServingSource, make_collector, observe, scrape_schedule
+from gpuscope.core.serving.model import SCHEMA, SIGNAL_NAMES, ServingSnapshot
 from helpers import gpuscope_cmd, wait_until
 from metrics_server import MetricsServer, Reply, ask, demo_service, linear_exposition
 

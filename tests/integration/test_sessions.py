@@ -8,18 +8,17 @@ import time
 from dataclasses import replace
 
 from gpuscope.commands import snapshot
-from gpuscope.core.attribution import Attribution, Rung
-from gpuscope.core.host import SeenProcess
+from gpuscope.core.diagnosis.attribution import Attribution, Rung
+from gpuscope.core.node.host import SeenProcess
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.model import Alert, HostMemory, HostProcess, NvmlReading
-from gpuscope.core.node import NodeSource
+from gpuscope.core.node.model import Alert, HostMemory, HostProcess, NvmlReading
+from gpuscope.core.node.live import NodeSource
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal
-from gpuscope.core.session.live import LiveSession
 from gpuscope.core.session.recording import open_recording
 from gpuscope.core.session.replay import ReplaySession
 from gpuscope.core.session.report import build_report
-from gpuscope.core.stacks import OWN, StackDump, StackFrame, Suspect, ThreadStack
+from gpuscope.core.target.stacks import OWN, StackDump, StackFrame, Suspect, ThreadStack
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.processes import ProcessTable
 
@@ -42,7 +41,7 @@ def recorded_session(tmp_path, meta=None, frames=None):
     path = tmp_path / "session.gpuscope"
     journal = Journal(path, meta=meta or session_meta("journal"))
     source = FakeSource(*(frames or [frame(time=T0 + i) for i in range(5)]))
-    session = LiveSession(source, journal=journal)
+    session = live(source, journal=journal)
     session.start(lambda f: None, lambda s: None)
     return session, journal, path
 

@@ -7,8 +7,8 @@ import sys
 import psutil
 import pytest
 
-from gpuscope.core import pyspy
-from gpuscope.core.stacks import LIBRARY, NATIVE, OWN, STDLIB, StackFrame, classify, owner_frame
+from gpuscope.core.target import pyspy
+from gpuscope.core.target.stacks import LIBRARY, NATIVE, OWN, STDLIB, StackFrame, classify, owner_frame
 
 from helpers import IDLER, gpuscope_cmd, wait_until
 

@@ -8,17 +8,18 @@ import tempfile
 import time
 
 from frames import GIB, FakeSource, frame, live
-from gpuscope.core import probe_client
-from gpuscope.core.diagnosis import diagnose
+from gpuscope.core.target import probe_client
+from gpuscope.core.diagnosis.steps import diagnose
+from gpuscope.core.diagnosis.recorded import source_evidence
 from gpuscope.core.session.journal import Journal
-from gpuscope.core.model import TorchMemory
-from gpuscope.core.node import NodeSource
+from gpuscope.core.node.model import TorchMemory
+from gpuscope.core.node.live import NodeSource
 from gpuscope.core.session.recording import open_recording
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.detail import ProcessPanel
 from helpers import wait_until
 from test_probe import CUDA_LEAKING, FAKE_CUDA, probed
-from gpuscope.core.probe_client import ProbeWatch
+from gpuscope.core.target.probe_client import ProbeWatch
 
 # Only the cache grows: every block is freed (it stays reserved); the process's own memory grows
 # with it, as NVML would see a pool that keeps growing.
@@ -46,7 +47,7 @@ def watch(fake_nvml, child, seconds: float):
         return len(known) >= 4 and max(known) >= seconds and frames[-1]
     try:
         last = wait_until(enough, timeout=60, interval=0.1, what="allocator samples from the probe")
-        return last, source.evidence(child.pid, 600)
+        return last, source_evidence(source, child.pid, 600)
     finally:
         source.stop()
 

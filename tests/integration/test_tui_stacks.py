@@ -65,7 +65,7 @@ async def test_a_asks_first_and_sampling_only_never_attaches(spawn_python, monke
     child = spawn_python(BUSY)
     monkeypatch.setattr("gpuscope.tui.stacks.ATTRIBUTION_SECONDS", 1.0)
     attached = []
-    monkeypatch.setattr("gpuscope.core.allocations.memray_suspects", lambda *a, **k: attached.append(a))
+    monkeypatch.setattr("gpuscope.core.diagnosis.ladder.memray_suspects", lambda *a, **k: attached.append(a))
     app = GpuScopeApp(live(FakeSource(frame_with(child.pid))))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()

@@ -19,12 +19,12 @@ from dataclasses import replace
 
 import pytest
 
-from gpuscope.core.host import HostCollector
-from gpuscope.core.model import Alert, Device
-from gpuscope.core.node import NodeSource
-from gpuscope.core.printable import printable
-from gpuscope.core.serving_model import ServingSnapshot, Signals, StageStats
-from gpuscope.core.stacks import StackDump, StackFrame, ThreadStack
+from gpuscope.core.node.host import HostCollector
+from gpuscope.core.node.model import Alert, Device
+from gpuscope.core.node.live import NodeSource
+from gpuscope.core.common.printable import printable
+from gpuscope.core.serving.model import ServingSnapshot, Signals, StageStats
+from gpuscope.core.target.stacks import StackDump, StackFrame, ThreadStack
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.detail import ProcessPanel
 from gpuscope.tui.processes import ProcessTable
@@ -118,7 +118,7 @@ def test_ps_json_carries_no_control_character_of_another_user(hostile):
 
 def test_stack_frames_from_py_spy_are_printable_and_secret_locals_masked():
     """py-spy reports the target's own names: function, file, thread, locals (made up by it)."""
-    from gpuscope.core import pyspy
+    from gpuscope.core.target import pyspy
 
     raw = [{"thread_id": 1, "thread_name": f"T{OSC_TITLE}", "active": True, "owns_gil": True, "frames": [
         {"name": f"handler{CLEAR}", "filename": f"/srv/{OSC_TITLE}.py", "line": 3, "locals": [

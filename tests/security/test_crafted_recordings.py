@@ -30,8 +30,8 @@ from gpuscope.core.session.codec import encode
 from gpuscope.core.session.recording import open_recording
 from gpuscope.core.session.replay import ReplaySession
 from gpuscope.core.session.report import build_report
-from gpuscope.core.serving_model import ServingSnapshot, Signals
-from gpuscope.core.stacks import StackDump, StackFrame, ThreadStack
+from gpuscope.core.serving.model import ServingSnapshot, Signals
+from gpuscope.core.target.stacks import StackDump, StackFrame, ThreadStack
 from helpers import SUPPORT, gpuscope_cmd
 
 FRAMES = 10
@@ -55,7 +55,7 @@ def good_dump() -> dict:
 
 def good_diagnosis() -> dict:
     from frames import leaking_evidence
-    from gpuscope.core.diagnosis import diagnose
+    from gpuscope.core.diagnosis.steps import diagnose
 
     return encode(diagnose(leaking_evidence()))
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpuscope.core import fetch
-from gpuscope.core.profiles import BUILTIN_PROFILES
-from gpuscope.core.prometheus import MAX_JSON_DEPTH, MAX_REPLY_BYTES, PrometheusCollector, nests_deeper
-from gpuscope.core.scrape import MAX_BYTES, ScrapeCollector
-from gpuscope.core.serving import ServingSource
+from gpuscope.core.serving import fetch
+from gpuscope.core.serving.profiles import BUILTIN_PROFILES
+from gpuscope.core.serving.prometheus import MAX_JSON_DEPTH, MAX_REPLY_BYTES, PrometheusCollector, nests_deeper
+from gpuscope.core.serving.scrape import MAX_BYTES, ScrapeCollector
+from gpuscope.core.serving.source import ServingSource
 from helpers import gpuscope_cmd, require_tool, wait_until
 from metrics_server import RawServer, drip, gzip_bomb
 
@@ -238,7 +238,7 @@ def test_console_readers_survive_a_gzip_bomb_refresh_after_refresh(tmp_path):
 
 CONSOLE_READERS = """
 import sys, time
-from gpuscope.core.serving import ServingSource, make_collector
+from gpuscope.core.serving.source import ServingSource, make_collector
 
 source = ServingSource(make_collector(window_s=30.0, metrics_urls=[sys.argv[1]]), interval=0.2)
 states = []

@@ -12,7 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuscope.core import privilege, probe_client
+from gpuscope.core.target import privilege
+
+from gpuscope.core.target import probe_client
 
 from helpers import ROOT, gpuscope_cmd, wait_until
 

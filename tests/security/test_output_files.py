@@ -21,7 +21,7 @@ import pytest
 
 from frames import T0, rows
 from frames import frame as make_frame
-from gpuscope.core.atomic import RefusedPath, _move_into_place, private_folder
+from gpuscope.core.common.atomic import RefusedPath, _move_into_place, private_folder
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal, open_session_journal
 from helpers import gpuscope_cmd

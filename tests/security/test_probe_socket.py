@@ -22,8 +22,9 @@ import psutil
 import pytest
 
 from gpuscope import probe
-from gpuscope.core import privilege, probe_client
-from gpuscope.core.torch_memory import MAX_PROBES
+from gpuscope.core.target import privilege
+from gpuscope.core.target import probe_client
+from gpuscope.core.node.torch_memory import MAX_PROBES
 
 from helpers import ROOT
 from conftest import SYSTEM_PYTHON

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from gpuscope.core.redact import MASK, redact_args, redact_command, redact_text
+from gpuscope.core.common.redact import MASK, redact_args, redact_command, redact_text
 
 from conftest import SYSTEM_PYTHON
 from helpers import ROOT, fake_nvml_env, gpuscope_cmd

@@ -15,16 +15,16 @@ from dataclasses import replace
 import pytest
 from markdown_it import MarkdownIt
 
-from gpuscope.core.attribution import Attribution, Rung
+from gpuscope.core.diagnosis.attribution import Attribution, Rung
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal
-from gpuscope.core.model import Device
-from gpuscope.core.printable import printable
+from gpuscope.core.node.model import Device
+from gpuscope.core.common.printable import printable
 from gpuscope.core.session.recording import open_recording
-from gpuscope.core.markdown import md_block, md_code, md_text
+from gpuscope.core.common.markdown import md_block, md_code, md_text
 from gpuscope.core.session.report import build_report
-from gpuscope.core.serving_model import ServingSnapshot, Signals, StageStats
-from gpuscope.core.stacks import StackDump, StackFrame, Suspect, ThreadStack
+from gpuscope.core.serving.model import ServingSnapshot, Signals, StageStats
+from gpuscope.core.target.stacks import StackDump, StackFrame, Suspect, ThreadStack
 
 from frames import T0, frame, rows
 
@@ -153,7 +153,7 @@ def test_plain_text_starts_no_construct(text):
 
 def test_the_diagnosis_as_text_is_well_formed_markdown_with_the_command_intact():
     from frames import leaking_evidence
-    from gpuscope.core.diagnosis import diagnose
+    from gpuscope.core.diagnosis.steps import diagnose
 
     diagnosis = diagnose(leaking_evidence())
     steps = (replace(diagnosis.steps[0], status="not-a-status", finding="# forged\n## heading ```"), *diagnosis.steps[1:])

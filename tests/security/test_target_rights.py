@@ -20,8 +20,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuscope.core import allocations, inject, privilege
-from gpuscope.core import target as introspection
+from gpuscope.core.diagnosis import _memray_attach
+from gpuscope.core.diagnosis import ladder as allocations
+
+from gpuscope.core.target import inject
+
+from gpuscope.core.target import privilege
+from gpuscope.core.target import interpreter as introspection
 
 from helpers import gpuscope_cmd
 from conftest import SYSTEM_PYTHON
@@ -196,7 +201,7 @@ def test_a_capture_planted_by_the_target_is_not_followed_or_read(other_user, tmp
         assert made.returncode == 0, made.stderr
         started = time.monotonic()
         with pytest.raises(allocations.AttachRefused, match=f"capture.bin in the folder shared with the process is {why}"):
-            allocations._read_capture(folder, ())
+            _memray_attach._read_capture(folder, ())
         assert time.monotonic() - started < 5  # a FIFO is not waited on
     assert secret.read_text() == "root only"
 

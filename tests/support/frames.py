@@ -7,8 +7,8 @@ import zlib
 from dataclasses import replace
 from pathlib import Path
 
-from gpuscope.core.diagnosis import Evidence, Series
-from gpuscope.core.model import Device, Frame, HostMemory, MemorySeries, NvmlReading, ProcessDetail, ProcessRow
+from gpuscope.core.diagnosis.steps import Evidence, Series
+from gpuscope.core.node.model import Device, Frame, HostMemory, MemorySeries, NvmlReading, ProcessDetail, ProcessRow
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -108,14 +108,19 @@ class FakeSource:
         self.focused.append(pid)
 
     def evidence(self, pid, seconds):
+        """The evidence the test gave (a leak by default), in place of what a node's records make."""
         self.evidence_asked.append(pid)
         return self._evidence or leaking_evidence(pid)
 
 
 def live(source, *, serving=None, journal=None):
-    """A live session over `source` (what the console is given), as `gpuscope` builds one."""
+    """A live session over `source` (what the console is given), as `gpuscope` builds one; a
+    FakeSource's evidence is the one its test gave."""
     from gpuscope.core.session.live import LiveSession
 
+    if isinstance(source, FakeSource):
+        return LiveSession(source, serving=serving, journal=journal,
+                           evidence=lambda src, pid, seconds: src.evidence(pid, seconds))
     return LiveSession(source, serving=serving, journal=journal)
 
 

@@ -63,7 +63,7 @@ def fake_nvml_env(scenario_path: Path) -> dict[str, str]:
 
 def canary_says(monkeypatch, problem: str | None) -> None:
     """Play the verdict of gpuscope's gdb canary (is injecting safe here?) instead of this machine's."""
-    from gpuscope.core import target  # noqa: PLC0415 - benchmarks import this module without gpuscope
+    from gpuscope.core.target import interpreter as target  # noqa: PLC0415 - benchmarks import this module without gpuscope
 
     monkeypatch.setattr(target, "_SAFE_INJECTION", {})
     monkeypatch.setattr(target, "_canary", lambda gdb, interpreter: problem)

@@ -1,5 +1,5 @@
 """A small reader of Prometheus's promqltest scripts (`promql/promqltest/testdata/*.test`), enough
-to replay their classic-histogram `histogram_quantile` cases against gpuscope.core.promql.
+to replay their classic-histogram `histogram_quantile` cases against gpuscope.core.serving.promql.
 
 Supported: `load` / `load_with_nhcb` blocks (series in expanding notation: `0+10x10`, `1+0x10`,
 `0x10`, plain values, `_` for a missing sample), `clear`, and `eval instant at T <expr>` blocks
@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuscope.core.promql import Selector, histogram_quantile, in_range, parse_le, rate
+from gpuscope.core.serving.promql import Selector, histogram_quantile, in_range, parse_le, rate
 
 LOOKBACK_S = 300.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

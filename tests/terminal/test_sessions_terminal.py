@@ -14,7 +14,7 @@ import pytest
 
 from gpuscope.core.session import report
 from gpuscope.core.session.recording import open_recording
-from gpuscope.core.units import format_bytes
+from gpuscope.core.common.units import format_bytes
 from frames import recording_text
 from helpers import LEAKER, gpuscope_cmd, wait_until
 

@@ -3,8 +3,8 @@
 from types import SimpleNamespace
 
 from gpuscope.core.leak import LeakAlert
-from gpuscope.core.model import HostMemory
-from gpuscope.core.node import HostSnapshot, NodeSource
+from gpuscope.core.node.model import HostMemory
+from gpuscope.core.node.live import HostSnapshot, NodeSource
 
 
 def frame_alert(ended: bool, processes=()):

@@ -8,14 +8,14 @@ import threading
 from dataclasses import replace
 
 from frames import T0, session_frames
-from gpuscope.core.changepoint import latency_jump
+from gpuscope.core.serving.changepoint import latency_jump
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal
-from gpuscope.core.profiles import BUILTIN_PROFILES
+from gpuscope.core.serving.profiles import BUILTIN_PROFILES
 from gpuscope.core.session.recording import open_recording
 from gpuscope.core.session.report import build_report
-from gpuscope.core.scrape import ScrapeCollector
-from gpuscope.core.serving import ServingSource
+from gpuscope.core.serving.scrape import ScrapeCollector
+from gpuscope.core.serving.source import ServingSource
 from helpers import wait_until
 from metrics_server import MetricsServer, Reply
 

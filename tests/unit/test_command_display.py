@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpuscope.core.command_display import display_command
-from gpuscope.core.redact import redact_command
+from gpuscope.core.node.command_display import display_command
+from gpuscope.core.common.redact import redact_command
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.processes import ProcessTable
 from gpuscope.tui.textlines import TextLines

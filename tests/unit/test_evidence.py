@@ -11,14 +11,14 @@ from dataclasses import replace
 from textual.widgets import OptionList
 
 from frames import T0, FakeSource, frame, live, rows
-from gpuscope.core.attribution import Attribution, Rung, Site
-from gpuscope.core.diagnosis import DeviceEvidence, Evidence, Series, diagnose
-from gpuscope.core.evidence import VERDICT, evidence_lines
-from gpuscope.core.serving_model import ServingSnapshot, Signals, StageStats
+from gpuscope.core.diagnosis.attribution import Attribution, Rung, Site
+from gpuscope.core.diagnosis.steps import DeviceEvidence, Evidence, Series, diagnose
+from gpuscope.core.diagnosis.evidence import VERDICT, evidence_lines
+from gpuscope.core.serving.model import ServingSnapshot, Signals, StageStats
 from gpuscope.core.session.journal import Journal
 from gpuscope.core.session.recording import open_recording
 from gpuscope.core.session.report import build_report
-from gpuscope.core.stacks import Suspect
+from gpuscope.core.target.stacks import Suspect
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.textlines import TextLines
 

@@ -7,10 +7,10 @@ import socket
 
 import pytest
 
-from gpuscope.core.exposition import Endpoint, parse_exposition
-from gpuscope.core.scrape import scrape
-from gpuscope.core.serving_model import SourceError
-from gpuscope.core.promql import histogram_quantile, parse_le
+from gpuscope.core.serving.exposition import Endpoint, parse_exposition
+from gpuscope.core.serving.scrape import scrape
+from gpuscope.core.serving.model import SourceError
+from gpuscope.core.serving.promql import histogram_quantile, parse_le
 from helpers import FIXTURES
 from metrics_server import OPENMETRICS, MetricsServer, Reply
 
@@ -280,7 +280,7 @@ def test_only_the_wanted_lines_are_parsed_but_every_name_is_seen():
 
 
 def test_garbage_costs_a_bounded_number_of_slow_parses(monkeypatch):
-    from gpuscope.core import exposition
+    from gpuscope.core.serving import exposition
 
     calls = []
     slow = exposition._parse_slowly

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from gpuscope.core.growth import floor_growth, theil_sen
+from gpuscope.core.leak.growth import floor_growth, theil_sen
 
 
 def test_steady_growth_is_measured_through_spikes():
@@ -38,7 +38,7 @@ def test_theil_sen_ignores_one_outlier():
 
 
 def test_one_formatting_binary_sizes_decimal_rates_and_durations():
-    from gpuscope.core.units import format_bytes, format_duration, format_size, format_speed
+    from gpuscope.core.common.units import format_bytes, format_duration, format_size, format_speed
 
     assert format_bytes(1536) == "1.5K" and format_bytes(3 << 30) == "3.0G" and format_bytes(None) == "N/A"
     assert format_size(2 << 30, sign=True) == "+2.0 GiB" and format_size(340 << 20) == "340 MiB"
@@ -69,9 +69,9 @@ def test_the_leak_watch_gives_the_grow_column_the_floor_growth_of_its_own_floors
 def test_the_grow_column_is_the_leak_watch_s_reading():
     """One estimator: the process table's GROW comes from the leak watch that raises the alerts."""
     from gpuscope.core.leak import LeakWatch
-    from gpuscope.core.host import SeenProcess
-    from gpuscope.core.model import HostMemory, HostProcess, NvmlReading
-    from gpuscope.core.node import NodeSource
+    from gpuscope.core.node.host import SeenProcess
+    from gpuscope.core.node.model import HostMemory, HostProcess, NvmlReading
+    from gpuscope.core.node.live import NodeSource
 
     class Host:
         def memory(self):

@@ -97,14 +97,14 @@ def test_no_import_cycles():
     assert cycles == []
 
 
-# The probe runs inside other people's processes as a copy of probe.py alone (gpuscope.core.inject):
+# The probe runs inside other people's processes as a copy of probe.py alone (gpuscope.core.target.inject):
 # it imports nothing of gpuscope, so its one error class cannot derive from GpuscopeError.
 STANDALONE = {"gpuscope.probe", "gpuscope._probe_boot.sitecustomize"}
 
 
 def test_every_error_gpuscope_raises_is_a_gpuscope_error():
     names = [m.name for m in pkgutil.walk_packages(gpuscope.__path__, "gpuscope.")]
-    assert "gpuscope.core.atomic" in names and "gpuscope.demo.run" in names
+    assert "gpuscope.core.common.atomic" in names and "gpuscope.demo.run" in names
     strays = []
     for name in names:
         if name in STANDALONE or name == "gpuscope.__main__":

@@ -14,8 +14,8 @@ import random
 
 import pytest
 
-from gpuscope.core import leak
-from gpuscope.core.growth import floor_growth, floor_points, theil_sen
+from gpuscope.core.leak import _analysis as leak
+from gpuscope.core.leak.growth import floor_growth, floor_points, theil_sen
 from gpuscope.core.leak import FloorSketch, LeakThresholds, LeakWatch
 
 MB = 1e6

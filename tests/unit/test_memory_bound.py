@@ -5,7 +5,7 @@ import random
 import tracemalloc
 
 from gpuscope.core.leak import FloorSketch, LeakWatch
-from gpuscope.core.store import SeriesStore
+from gpuscope.core.node.store import SeriesStore
 
 TICK_S = 0.5  # the console at --refresh 0.5
 

@@ -6,7 +6,7 @@ is injected.
 
 import threading
 
-from gpuscope.core.poller import Poller, pace
+from gpuscope.core.common.poller import Poller, pace
 
 from helpers import wait_until
 

@@ -1,4 +1,4 @@
-"""histogram_quantile and rate as Prometheus 2.42 computes them (gpuscope.core.promql).
+"""histogram_quantile and rate as Prometheus 2.42 computes them (gpuscope.core.serving.promql).
 
 The oracle is Prometheus's own promqltest file (tests/support/fixtures/metrics/prometheus_histograms.test,
 from a newer Prometheus): every classic-bucket `histogram_quantile` case it holds is replayed. The
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gpuscope.core.promql import Selector, histogram_quantile, in_range, increase, parse_le, rate
+from gpuscope.core.serving.promql import Selector, histogram_quantile, in_range, increase, parse_le, rate
 from helpers import FIXTURES
 from promqltest import evaluate, read_cases, same
 

@@ -1,4 +1,4 @@
-from gpuscope.core.redact import MASK, redact_args, redact_command, redact_text
+from gpuscope.core.common.redact import MASK, redact_args, redact_command, redact_text
 
 
 def test_secret_options_mask_the_next_argument():

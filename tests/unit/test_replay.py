@@ -9,15 +9,15 @@ from dataclasses import replace
 import pytest
 
 from frames import T0, frame, live, session_frames
-from gpuscope.core.model import ProcessRow
-from gpuscope.core.diagnosis import diagnose
+from gpuscope.core.node.model import ProcessRow
+from gpuscope.core.diagnosis.steps import diagnose
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal
 from gpuscope.core.session.recording import open_recording
 from gpuscope.core.session.replay import ReplaySession, parse_time
 from gpuscope.core.session.report import build_report
-from gpuscope.core.serving_model import ServingSnapshot, Signals, StageStats
-from gpuscope.core.stacks import StackDump, StackFrame, ThreadStack
+from gpuscope.core.serving.model import ServingSnapshot, Signals, StageStats
+from gpuscope.core.target.stacks import StackDump, StackFrame, ThreadStack
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import DumpScreen

@@ -7,7 +7,7 @@ import pytest
 
 from gpuscope.tui.app import GpuScopeApp
 
-from gpuscope.core.model import Alert
+from gpuscope.core.node.model import Alert
 
 from frames import T0, FakeSource, frame, live, no_nvml_frame
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from gpuscope.core.diagnosis import ALERT, OK, WARN, Evidence, Series, step_backpressure, step_throughput
-from gpuscope.core.investigation import first_measured
-from gpuscope.core.serving import ServingSource, make_collector
+from gpuscope.core.diagnosis.steps import ALERT, OK, WARN, Evidence, Series, step_backpressure, step_throughput
+from gpuscope.core.diagnosis.investigation import first_measured
+from gpuscope.core.serving.source import ServingSource, make_collector
 
 from metrics_server import MetricsServer, Reply
 

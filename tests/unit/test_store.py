@@ -1,6 +1,6 @@
 import math
 
-from gpuscope.core.store import Ring, SeriesStore
+from gpuscope.core.node.store import Ring, SeriesStore
 
 
 def test_ring_keeps_the_newest_samples_in_order():

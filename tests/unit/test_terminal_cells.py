@@ -14,7 +14,7 @@ from textual._compositor import ChopsUpdate, LayoutUpdate
 from textual.geometry import Region
 from textual.strip import Strip
 
-from gpuscope.core.model import ProcessRow
+from gpuscope.core.node.model import ProcessRow
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.terminal_cells import TerminalCells
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from textual.widgets import Input, Static
 
-from gpuscope.core.model import MemorySeries
+from gpuscope.core.node.model import MemorySeries
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.chart import MemoryChart
 from gpuscope.tui.devices import DevicesPanel

@@ -5,7 +5,7 @@ import contextlib
 
 from textual.widgets import DataTable
 
-from gpuscope.core.fleet import FleetProcess, FleetSnapshot, FleetSource
+from gpuscope.core.fleet.collector import FleetProcess, FleetSnapshot, FleetSource
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.fleet import FleetScreen, FleetView
 
@@ -80,7 +80,7 @@ def printed_lines(widget) -> list[str]:
 
 
 async def test_a_hostile_label_renders_as_one_printable_bounded_line():
-    from gpuscope.core.fleet import COMMAND_CHARS, fleet_rows
+    from gpuscope.core.fleet.collector import COMMAND_CHARS, fleet_rows
 
     rows, _ = fleet_rows([{"metric": HOSTILE, "value": [0, "5e6"]}])
     source = FleetSource(lambda: FleetSnapshot(0.0, "http://prometheus:9090", rows, "ok", 1.0), "http://prometheus:9090")

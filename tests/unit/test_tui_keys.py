@@ -7,9 +7,9 @@ import time
 import pytest
 from textual.widgets import OptionList, Static
 
-from gpuscope.core.attribution import Attribution, Rung
-from gpuscope.core.model import Alert
-from gpuscope.core.stacks import OWN, StackFrame, Suspect
+from gpuscope.core.diagnosis.attribution import Attribution, Rung
+from gpuscope.core.node.model import Alert
+from gpuscope.core.target.stacks import OWN, StackFrame, Suspect
 from gpuscope.tui.alerts import AlertBar, AlertListScreen
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.detail import CommandLineScreen
@@ -176,7 +176,7 @@ async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypa
             time.sleep(0.02)
         return CULPRIT
 
-    monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
+    monkeypatch.setattr("gpuscope.core.diagnosis.ladder.attribute", attribute)
     app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE,)))))
     async with app.run_test(size=size) as pilot:
         await pilot.pause()

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpuscope.core.model import Alert, Device, NvmlReading, ProcessRow
+from gpuscope.core.node.model import Alert, Device, NvmlReading, ProcessRow
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.chart import MemoryChart, y_ticks
 from gpuscope.tui.processes import COLUMNS, SORT_COLUMN, SORT_MARK, SORTS, ProcessTable

@@ -1,8 +1,8 @@
 """The service panel over injected serving snapshots (Pilot)."""
 
 from gpuscope.core.settings import SloConfig
-from gpuscope.core.changepoint import Jump
-from gpuscope.core.serving_model import FleetRow, ServingSnapshot, SignalPoint, Signals, StageStats
+from gpuscope.core.serving.changepoint import Jump
+from gpuscope.core.serving.model import FleetRow, ServingSnapshot, SignalPoint, Signals, StageStats
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.service import ServicePanel
 
@@ -96,9 +96,9 @@ async def test_the_wizard_shows_the_same_jump_on_its_service_step():
 async def test_an_answer_that_is_not_metrics_says_so_on_the_service_line():
     from metrics_server import MetricsServer, Reply
 
-    from gpuscope.core.profiles import BUILTIN_PROFILES
-    from gpuscope.core.scrape import ScrapeCollector
-    from gpuscope.core.serving import ServingSource
+    from gpuscope.core.serving.profiles import BUILTIN_PROFILES
+    from gpuscope.core.serving.scrape import ScrapeCollector
+    from gpuscope.core.serving.source import ServingSource
 
     with MetricsServer() as server:
         server.route("/metrics", Reply("<!DOCTYPE html>\n<html><body>Login</body></html>\n", content_type="text/html"))

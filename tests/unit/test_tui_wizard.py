@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from textual.widgets import OptionList
 
-from gpuscope.core.attribution import Attribution, Rung
-from gpuscope.core.model import Alert
-from gpuscope.core.stacks import OWN, StackFrame, Suspect
+from gpuscope.core.diagnosis.attribution import Attribution, Rung
+from gpuscope.core.node.model import Alert
+from gpuscope.core.target.stacks import OWN, StackFrame, Suspect
 from gpuscope.tui.alerts import AlertBar
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
@@ -87,7 +87,7 @@ async def test_step_7_asks_then_finds_the_suspect_and_enter_shows_its_stack(monk
         calls.append((pid, use_memray))
         return FOUND
 
-    monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
+    monkeypatch.setattr("gpuscope.core.diagnosis.ladder.attribute", attribute)
     monkeypatch.setattr(GpuScopeApp, "call_from_thread", never_wait_on_the_ui)
     app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
@@ -116,7 +116,7 @@ async def test_rerun_reads_the_latest_data_and_esc_cancels_a_search(monkeypatch)
         cancel_seen.append(cancelled())
         return FOUND
 
-    monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
+    monkeypatch.setattr("gpuscope.core.diagnosis.ladder.attribute", attribute)
     source = FakeSource(frame())
     app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
@@ -151,7 +151,7 @@ async def test_the_wizard_reopened_shows_the_culprit_found_earlier(monkeypatch):
         searches.append(pid)
         return replace(FOUND, pid=pid)
 
-    monkeypatch.setattr("gpuscope.core.allocations.attribute", attribute)
+    monkeypatch.setattr("gpuscope.core.diagnosis.ladder.attribute", attribute)
     app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()

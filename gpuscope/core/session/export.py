@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from gpuscope import __version__
-from gpuscope.core.atomic import check_target, write_private
+from gpuscope.core.common.atomic import check_target, write_private
 from gpuscope.core.session.format import SUFFIX, FrameDeltas, connect, frame_records, initialise, pack
 
 

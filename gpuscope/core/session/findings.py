@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the diagnosis is imported when one is made: the console starts without it
-    from gpuscope.core.attribution import Attribution
-    from gpuscope.core.diagnosis import Diagnosis
+    from gpuscope.core.diagnosis.attribution import Attribution
+    from gpuscope.core.diagnosis.steps import Diagnosis
 
 CONFIDENCE_RANK = {"high": 2, "low": 1}  # an attribution's; anything else ("none") ranks 0
 

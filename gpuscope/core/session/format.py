@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope import __version__
-from gpuscope.core.model import Frame
+from gpuscope.core.node.model import Frame
 from gpuscope.core.session.codec import encode
 
 FORMAT = "gpuscope-session"

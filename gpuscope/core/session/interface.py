@@ -5,7 +5,7 @@ was found (stack dumps, hot paths, allocation sites, diagnoses) and writes snaps
 session can do beyond that is said by its capability flags, never by its name: the console asks
 `can_attach` before reading a process's stacks, `can_seek` before moving a time cursor.
 
-A `Source` is what a live session samples: the node (gpuscope.core.node.NodeSource) or a test's.
+A `Source` is what a live session samples: the node (gpuscope.core.node.live.NodeSource) or a test's.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.model import Frame
-from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.core.node.model import Frame, MemorySeries
+from gpuscope.core.serving.model import ServingSnapshot
 
 if TYPE_CHECKING:  # the diagnosis is imported when one is made: the console starts without it
-    from gpuscope.core.attribution import Attribution
-    from gpuscope.core.diagnosis import Diagnosis, Evidence
+    from gpuscope.core.diagnosis.attribution import Attribution
+    from gpuscope.core.diagnosis.steps import Diagnosis, Evidence
 
 
 class Source(Protocol):
@@ -42,8 +42,14 @@ class Source(Protocol):
     def focus(self, pid: int | None) -> None:
         """Attach to this process: its details come in every frame (None detaches)."""
 
-    def evidence(self, pid: int, seconds: float) -> Evidence:
-        """What was sampled of this process over the last `seconds`, for a diagnosis."""
+    def latest_frame(self) -> tuple[Frame | None, float]:
+        """The latest frame (None before the first sample) and the time it stands for."""
+
+    def history(self, pid: int, seconds: float, now: float | None = None) -> MemorySeries | None:
+        """What was sampled of this process's memory over the last `seconds`."""
+
+    def device_history(self, index: int, seconds: float, now: float | None = None) -> tuple[list[float], list[float | None]]:
+        """What was sampled of GPU `index`'s used memory over the last `seconds`."""
 
 
 class Session(ABC):

@@ -19,9 +19,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuscope.core.atomic import private_folder
-from gpuscope.core.model import Frame
-from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.core.common.atomic import private_folder
+from gpuscope.core.node.model import Frame
+from gpuscope.core.serving.model import ServingSnapshot
 from gpuscope.core.session.codec import encode
 from gpuscope.core.session.export import export
 from gpuscope.core.session.format import (

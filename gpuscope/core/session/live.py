@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.model import Frame
-from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.core.node.model import Frame
+from gpuscope.core.serving.model import ServingSnapshot
 from gpuscope.core.session.findings import Findings
 from gpuscope.core.session.interface import Session, Source
 from gpuscope.core.session.journal import Journal
 
 if TYPE_CHECKING:  # imported when used: the console's first frame does not wait for them
-    from gpuscope.core.attribution import Attribution
-    from gpuscope.core.diagnosis import Diagnosis, Evidence
-    from gpuscope.core.serving import ServingSource
+    from gpuscope.core.diagnosis.attribution import Attribution
+    from gpuscope.core.diagnosis.steps import Diagnosis, Evidence
+    from gpuscope.core.serving.source import ServingSource
 
 
 class LiveSession(Session):
@@ -34,8 +34,12 @@ class LiveSession(Session):
     can_attach = True
     can_inject = True
 
-    def __init__(self, source: Source, *, serving: ServingSource | None = None, journal: Journal | None = None) -> None:
+    def __init__(self, source: Source, *, serving: ServingSource | None = None, journal: Journal | None = None,
+                 evidence: Callable[[Source, int, float], Evidence] | None = None) -> None:
         self.source = source
+        # How the source's records become a diagnosis's evidence (by default `diagnosis.recorded`'s way,
+        # imported when first asked: the console starts without the diagnosis).
+        self._evidence = evidence
         self.serving = serving
         self.journal = journal  # None: nothing is written (findings are still kept for this session)
         self.findings = Findings()
@@ -80,7 +84,11 @@ class LiveSession(Session):
     # -- evidence and findings ---------------------------------------------------------------------
 
     def evidence(self, pid: int, seconds: float) -> Evidence:
-        evidence = self.source.evidence(pid, seconds)
+        if self._evidence is None:
+            from gpuscope.core.diagnosis.recorded import source_evidence
+
+            self._evidence = source_evidence
+        evidence = self._evidence(self.source, pid, seconds)
         return dataclasses.replace(evidence, serving_end=self._serving_snapshot, attribution=self.best_attribution(pid))
 
     def recorded(self, kind: str, pid: int) -> Any:
@@ -90,7 +98,7 @@ class LiveSession(Session):
         return self.findings.best_attribution(pid)
 
     def diagnose(self, pid: int, evidence: Evidence, thresholds: LeakThresholds) -> tuple[Diagnosis, str]:
-        from gpuscope.core.diagnosis import diagnose
+        from gpuscope.core.diagnosis.steps import diagnose
 
         diagnosis = diagnose(evidence, thresholds)
         self.record("diagnosis", diagnosis)  # every one is kept: the report picks the most informative

@@ -29,15 +29,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpuscope.core.attribution import Attribution
-from gpuscope.core.atomic import kind_of
-from gpuscope.core.diagnosis import Diagnosis
-from gpuscope.core.model import Frame, MemorySeries, ProcessRow
-from gpuscope.core.serving_model import ServingSnapshot, SignalPoint
+from gpuscope.core.diagnosis.attribution import Attribution
+from gpuscope.core.common.atomic import kind_of
+from gpuscope.core.diagnosis.steps import Diagnosis
+from gpuscope.core.node.model import Frame, MemorySeries, ProcessRow
+from gpuscope.core.serving.model import ServingSnapshot, SignalPoint
 from gpuscope.core.session.codec import DecodeError, Decoder
 from gpuscope.core.session.findings import Findings
 from gpuscope.core.session.format import FORMAT, KEYFRAME_EVERY, SCHEMA, TABLES, FrameRebuilder, reject_constant, unpack
-from gpuscope.core.stacks import StackDump, StackSample
+from gpuscope.core.target.stacks import StackDump, StackSample
 from gpuscope.errors import Failure
 
 EVENT_TYPES: dict[str, type] = {

@@ -19,12 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuscope.core.attribution import Attribution
-from gpuscope.core.diagnosis import Diagnosis, Evidence, diagnose
+from gpuscope.core.diagnosis.attribution import Attribution
+from gpuscope.core.diagnosis.steps import Diagnosis, Evidence, diagnose
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.model import Frame, ProcessDetail, ReplayPosition
-from gpuscope.core.node import CHART_WINDOW_S, evidence_of
-from gpuscope.core.serving_model import ServingSnapshot
+from gpuscope.core.node.model import Frame, ProcessDetail, ReplayPosition
+from gpuscope.core.diagnosis.recorded import evidence_of
+from gpuscope.core.node.live import CHART_WINDOW_S
+from gpuscope.core.serving.model import ServingSnapshot
 from gpuscope.core.session.export import export_file
 from gpuscope.core.session.interface import Session
 from gpuscope.core.session.recording import Recording

@@ -18,14 +18,14 @@ import re
 import time
 from dataclasses import replace
 
-from gpuscope.core.diagnosis import Diagnosis, diagnose
-from gpuscope.core.evidence import VERDICT, evidence_lines
+from gpuscope.core.diagnosis.steps import Diagnosis, diagnose
+from gpuscope.core.diagnosis.evidence import VERDICT, evidence_lines
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.markdown import md_block, md_code, md_text
-from gpuscope.core.model import Frame
-from gpuscope.core.node import evidence_of
+from gpuscope.core.common.markdown import md_block, md_code, md_text
+from gpuscope.core.node.model import Frame
+from gpuscope.core.diagnosis.recorded import evidence_of
 from gpuscope.core.session.recording import Recording
-from gpuscope.core.units import format_bytes, format_duration, format_rate
+from gpuscope.core.common.units import format_bytes, format_duration, format_rate
 
 CHART_WIDTH = 100
 CHART_HEIGHT = 16

@@ -1,0 +1,226 @@
+"""The memray and tracemalloc rungs through the probe inside the process: held bytes per site read
+over time, stopped early once what they see is clear."""
+
+from __future__ import annotations
+
+import os
+import time
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+from gpuscope.core.target import probe_client
+
+from gpuscope.core.target import pyspy
+from gpuscope.core.diagnosis.attribution import (
+    Site,
+    sites_from_records,
+    suspects_from_records,
+)
+from gpuscope.core.leak import Settled, tracking_settled
+from gpuscope.core.target.stacks import Suspect
+from gpuscope.core.diagnosis._shared import GROUPS, group_records
+
+
+HELD_INTERVAL_S = 1.0  # how often a tracker's held bytes per site are read
+# What tracking costs the service, as benchmarks/diagnosis_cost.py measured it on an
+# allocation-heavy service (shown where the operator is asked before anything runs inside it).
+TRACKING_COST = ("expected cost: the service runs up to ~10% slower while it is tracked (memray or "
+                 "tracemalloc; stack sampling takes ~20% of a small machine's CPU instead), and keeps "
+                 "~12 MB after (memray's code, once loaded, stays; glibc may also keep more of the heap it frees)")
+
+
+@dataclass(frozen=True, slots=True)
+class Tracked:
+    """What one tracking rung found: suspects, held bytes per site over time, and its cost."""
+
+    suspects: tuple[Suspect, ...]
+    times: tuple[float, ...]
+    sites: tuple[Site, ...]
+    cost: dict
+    seen: int = 0  # allocation stacks the tracker reported (those left out of its reply included)
+
+
+PROBE_FILE = os.sep + os.path.join("gpuscope", "probe.py")
+
+
+def _probes_own(group: dict) -> bool:
+    """Whether a tracker's record is the probe's own work (its reply, its socket): a stack that
+    passes through the probe's file, which runs no code of the service's."""
+    frames = group.get("frames") or ()
+    return any(isinstance(f, (list, tuple)) and len(f) == 3 and str(f[1]).endswith(PROBE_FILE) for f in frames)
+
+
+def _grown(group: dict) -> dict | None:
+    """`group` with its size replaced by the least it held over the last quarter of tracking above
+    the most it held in the first half (None where that is not more): memory a site still adds to,
+    not the working set it keeps (which comes and goes: a query's array alive during each call)."""
+    held = [int(h or 0) for h in group.get("held") or () if isinstance(h, (int, float))]
+    if len(held) < 4 or len(held) != len(group.get("held") or ()):
+        return None
+    growth = min(held[-max(2, len(held) // 4):]) - max(held[: len(held) // 2])
+    return {**group, "size": growth} if growth > 0 else None
+
+
+def _tracked(reply: dict, pid: int, method: str, sees: str, *, growing: bool = False,
+             planned: float | None = None, early: EarlyStop | None = None) -> Tracked:
+    roots = pyspy.own_roots(pid)
+    groups = [g for g in reply.get("records") or () if isinstance(g, dict) and not _probes_own(g)]
+    times = tuple(float(t) for t in reply.get("times") or ())
+    reported = reply.get("rss")
+    rss = reported if isinstance(reported, dict) else {}
+    cost = {"rss_before": rss.get("before"), "rss_tracking": rss.get("tracking"), "rss_after": rss.get("after"),
+            "seconds": reply.get("seconds"), "from": reply.get("from") or "the standard library", "sees": sees,
+            "cut_short": bool(reply.get("cut_short")), "planned_s": planned}
+    if reply.get("stopped_early") and early is not None and early.settled is not None:
+        cost["stopped"] = early.settled.reason
+    if growing:
+        live = [g for g in map(_grown, groups) if g is not None]
+    else:
+        live = [g for g in groups if int(g.get("size") or 0) > 0]
+    seen = len(groups) + max(0, int(reply.get("omitted") or 0))
+    return Tracked(suspects_from_records(group_records(live, "size"), roots, method),
+                   times, sites_from_records(groups, times, roots) if times else (), cost, seen)
+
+
+def own_memray_path() -> str | None:
+    """The folder gpuscope's own memray is imported from (None: gpuscope has none)."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.find_spec("memray")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
+
+
+
+
+def _while_waiting(duration: float, cancelled: Callable[[], bool],
+                   progress: Callable[[float, int | None], None],
+                   early: EarlyStop | None = None) -> Callable[[], bool]:
+    """`cancelled`, also reporting how much of `duration` has passed each time it is asked (a
+    request to the probe asks it several times a second while it waits for the reply), and
+    letting `early` look at the capture's progress."""
+    started = time.monotonic()
+
+    def asked() -> bool:
+        progress(min(0.99, (time.monotonic() - started) / duration) if duration > 0 else 0.99, None)
+        if early is not None:
+            early.poll()
+        return cancelled()
+
+    return asked
+
+
+class EarlyStop:
+    """Watches a capture running in the process through a second connection to its probe, once a
+    second, and asks it to stop once what it has seen is clear (`leak.tracking_settled`): the
+    time saved goes to watching the process with nothing inside it. Anything unexpected ends the
+    watching, never the capture (it then runs its full time)."""
+
+    def __init__(self, client: probe_client.ProbeClient, every: float = HELD_INTERVAL_S) -> None:
+        self.path, self.pid, self.every = client.path, client.pid, every
+        self.side: probe_client.ProbeClient | None = None
+        self.next_at = time.monotonic() + every
+        self.settled: Settled | None = None
+        self.done = False
+
+    def poll(self) -> None:
+        if self.done or time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + self.every
+        try:
+            if self.side is None:
+                self.side = probe_client.ProbeClient(self.path, pid=self.pid, timeout=5.0)
+            settled = settled_of(self.side.track_progress())
+            if settled is not None:
+                self.settled = settled
+                self.side.track_stop()
+                self.done = True
+        except (probe_client.ProbeError, OSError):
+            self.done = True
+
+    def close(self) -> None:
+        if self.side is not None:
+            self.side.close()
+
+
+def _numbers(values: object, n: int) -> list[float | None] | None:
+    if not isinstance(values, list) or len(values) != n:
+        return None
+    return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values]
+
+
+def settled_of(progress: dict) -> Settled | None:
+    """`tracking_settled` over a probe's `track_progress` reply (the process's data: checked)."""
+    raw_times = progress.get("times")
+    times = _numbers(raw_times, len(raw_times)) if isinstance(raw_times, list) else None
+    if not progress.get("tracking") or not times or any(t is None for t in times):
+        return None
+    n = len(times)
+    sites = []
+    for site in progress.get("sites") or ():
+        held = _numbers(site.get("held"), n) if isinstance(site, dict) else None
+        if held is not None:
+            sites.append(("a site's held bytes", held))
+    totals = [(name, held) for name, key in (("the heap in use", "heap"), ("the RSS", "rss"))
+              if (held := _numbers(progress.get(key), n)) is not None and any(v is not None for v in held)]
+    return tracking_settled([t for t in times if t is not None], sites[:10], totals)
+
+
+def probe_memray_suspects(
+    client: probe_client.ProbeClient, pid: int, duration: float, *, hello: dict | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+    progress: Callable[[float, int | None], None] = lambda fraction, sites: None,
+    settle: bool = False,
+) -> Tracked:
+    """memray's tracker run by the probe inside the process for `duration`, held bytes read every
+    second: no injection. When the service's environment has no memray and its interpreter is
+    gpuscope's version, gpuscope's own memray is offered (the probe loads it only if it can).
+
+    `progress(fraction, sites)`: the part of the window passed while memray tracks (sites None:
+    the probe reads its capture when tracking ends), then (1.0, allocation sites seen) once read.
+    `settle`: stop tracking as soon as its trend is clear (`EarlyStop`)."""
+    path = None
+    if hello is not None and not hello.get("memray"):
+        ours = "%d.%d" % sys.version_info[:2]
+        if str(hello.get("python") or "").startswith(ours + "."):
+            path = own_memray_path()
+    duration = max(0.1, duration)
+    early = EarlyStop(client) if settle else None
+    try:
+        reply = client.memray_track(duration, limit=GROUPS, interval=HELD_INTERVAL_S, memray_path=path,
+                                    cancelled=_while_waiting(duration, cancelled, progress, early))
+    finally:
+        if early is not None:
+            early.close()
+    tracked = _tracked(reply, pid, "memray", "every allocation of Python and native code made through malloc",
+                       planned=duration, early=early)
+    progress(1.0, tracked.seen)
+    return tracked
+
+
+def probe_tracemalloc_suspects(
+    client: probe_client.ProbeClient, pid: int, duration: float, *, cancelled: Callable[[], bool] = lambda: False,
+    settle: bool = False,
+) -> Tracked:
+    """The standard library's tracemalloc, run by the probe for `duration`, a snapshot every second.
+
+    Its suspects are the sites whose held memory still grew over the second half of tracking,
+    ranked by that growth: tracemalloc sees only the Python domain, so where a service's memory
+    grows in native code (a FAISS index) what it sees at the end is the working set of Python
+    objects (the current query), which must not be named as the leak."""
+    duration = max(0.1, duration)
+    early = EarlyStop(client) if settle else None
+    try:
+        reply = client.tracemalloc_track(duration, interval=HELD_INTERVAL_S, limit=GROUPS,
+                                         cancelled=_while_waiting(duration, cancelled, lambda f, n: None, early))
+    finally:
+        if early is not None:
+            early.close()
+    return _tracked(reply, pid, "tracemalloc", TRACEMALLOC_SEES, growing=True, planned=duration, early=early)
+
+
+TRACEMALLOC_SEES = ("Python-domain allocations only: memory that C, C++ or Rust code allocates itself "
+                    "(a FAISS index, a tokenizer's buffers) is not seen")

@@ -1,0 +1,358 @@
+"""This node's processes as Prometheus metrics: the headless agent behind `gpuscope exporter`.
+
+A `NodeSource` samples the node on its own pollers (NVML, host, torch probes) and feeds a
+`LeakWatch`, exactly as for the console; `NodeCollector` keeps the latest frame with the watch's
+assessments and turns it into metric families when Prometheus scrapes (a prometheus_client custom
+collector: nothing is computed per scrape but the families themselves).
+
+The series are bounded: a process is exported when it is among the `top` largest by GPU memory,
+the `top` largest by RSS or the `top` fastest growing, or when the leak watch alerts on it; an
+exited process is simply absent from the next scrape. Every per-process series carries the same
+identifying labels: node, pid, start_time (so a reused PID is a new series), command (redacted,
+printable, short), user, and the Kubernetes pod UID and container id when the cgroup tells.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuscope.core.node.host import HostCollector, HostProcess
+from gpuscope.core.leak import VERDICTS, LeakAssessment, LeakThresholds, LeakWatch
+from gpuscope.core.node.model import Frame, NvmlReading, TorchMemory
+from gpuscope.core.node.live import NodeSource
+from gpuscope.core.node.nvml import NvmlCollector
+from gpuscope.core.common.printable import printable
+
+TOP_PER_CRITERION = 20  # processes by GPU memory, by RSS, by growth (plus every alert)
+COMMAND_CHARS = 80
+LABEL_CHARS = 120
+CGROUP_READ_LIMIT = 64 * 1024  # /proc/PID/cgroup is a few lines; more is not one
+WATCHED_SERIES = 8192  # the leak watch's bound: 8 GPUs x 200 processes x (GPU + RSS) and the devices
+PROCESS_LABELS = ("node", "pid", "start_time", "command", "user", "pod_uid", "container_id")
+
+# Kubernetes names a pod's cgroup after its UID (dashes as underscores under the systemd driver):
+# .../kubepods-burstable-pod1b2c..._.../cri-containerd-<64 hex>.scope, or /kubepods/besteffort/pod<uid>/<64 hex>.
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_CONTAINER_ID = re.compile(r"(?:^|[/:-])([0-9a-f]{64})(?:\.scope)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Cgroup:
+    pod_uid: str = ""
+    container_id: str = ""
+
+
+def parse_cgroup(text: str) -> Cgroup:
+    """The Kubernetes pod UID and the container id named by a /proc/PID/cgroup (empty if none)."""
+    pod = container = ""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        if not pod:
+            m = _POD_UID.search(path)
+            if m:
+                pod = m.group(1).replace("_", "-")
+        if not container:
+            m = _CONTAINER_ID.search(path)
+            if m:
+                container = m.group(1)
+    return Cgroup(pod, container)
+
+
+def read_cgroup(pid: int) -> Cgroup:
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            return parse_cgroup(f.read(CGROUP_READ_LIMIT))
+    except OSError:
+        return Cgroup()
+
+
+def _short(text: str, limit: int) -> str:
+    text = printable(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one host tick left for the next scrape: the frame, the processes behind it (with their
+    start times) and the leak watch's assessments (copied on the poller's thread)."""
+
+    frame: Frame
+    processes: tuple[HostProcess, ...]
+    assessments: dict
+    at: float  # monotonic time it arrived
+
+
+@dataclass
+class ExporterHealth:
+    """The exporter's own counters, shared between the poller thread and the scrapes."""
+
+    read_errors: dict[str, int] = field(default_factory=lambda: {"nvml": 0, "host": 0})
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def error(self, source: str) -> None:
+        with self.lock:
+            self.read_errors[source] = self.read_errors.get(source, 0) + 1
+
+
+def choose_exported(processes: Iterable[HostProcess], gpu_bytes: dict[int, float], growth: dict[int, float],
+                    alerting: set[int], top: int = TOP_PER_CRITERION) -> list[HostProcess]:
+    """The processes to export: the `top` by GPU memory, by RSS and by growth, and every alert."""
+    procs = list(processes)
+    chosen: dict[int, HostProcess] = {p.pid: p for p in procs if p.pid in alerting}
+    rankings = (
+        sorted((p for p in procs if gpu_bytes.get(p.pid)), key=lambda p: -gpu_bytes[p.pid]),
+        sorted((p for p in procs if p.rss_bytes), key=lambda p: -(p.rss_bytes or 0)),
+        sorted((p for p in procs if (growth.get(p.pid) or 0) > 0), key=lambda p: -growth[p.pid]),
+    )
+    for ranking in rankings:
+        for p in ranking[:top]:
+            chosen.setdefault(p.pid, p)
+    return sorted(chosen.values(), key=lambda p: p.pid)
+
+
+class NodeCollector(Collector):
+    """The prometheus_client collector: families built from the latest sample on each scrape."""
+
+    def __init__(self, node: str, *, top: int = TOP_PER_CRITERION, health: ExporterHealth | None = None,
+                 nvml_status: Callable[[], str | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.node = node
+        self.top = top
+        self.health = health or ExporterHealth()
+        self._clock = clock
+        self._sample: Sample | None = None
+        self._cgroups: dict[tuple[int, float], Cgroup] = {}
+        self._cgroups_lock = threading.Lock()
+        self._scrapes = 0
+        self._scrape_errors = 0
+        self._last_duration = 0.0
+
+    # -- fed on the host poller's thread ------------------------------------------------------------
+
+    def accept(self, frame: Frame, processes: Iterable[HostProcess], watch: LeakWatch) -> None:
+        """Keep the latest frame (call from the source's on_frame, the thread that feeds `watch`)."""
+        self._sample = Sample(frame, tuple(processes), watch.assessments(), self._clock())
+
+    # -- scraped ----------------------------------------------------------------------------------
+
+    def describe(self) -> list[Metric]:
+        return []  # families depend on the node; registering must not run a scrape
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        self._scrapes += 1
+        try:
+            families = self._families(self._sample)
+        except Exception:  # a scrape must answer: the error is counted and the health still served
+            self._scrape_errors += 1
+            families = []
+        yield from families
+        yield from self._health(time.perf_counter() - started)
+
+    def _families(self, sample: Sample | None) -> list[Metric]:
+        if sample is None:
+            return []
+        frame = sample.frame
+        node = self.node
+        gpu_used = GaugeMetricFamily("gpuscope_gpu_memory_used_bytes", "GPU memory in use (NVML).",
+                                     labels=("node", "gpu", "uuid", "name"))
+        gpu_total = GaugeMetricFamily("gpuscope_gpu_memory_total_bytes", "GPU memory in all (NVML).",
+                                      labels=("node", "gpu", "uuid", "name"))
+        for d in frame.nvml.devices:
+            labels = [node, str(d.index), printable(d.uuid or ""), _short(d.name, LABEL_CHARS)]
+            if d.memory_used is not None:
+                gpu_used.add_metric(labels, d.memory_used)
+            if d.memory_total is not None:
+                gpu_total.add_metric(labels, d.memory_total)
+
+        gpu_bytes: dict[int, float] = {}
+        growth: dict[int, float] = {}
+        rows_by_pid: dict[int, list] = {}
+        for r in frame.processes:
+            rows_by_pid.setdefault(r.pid, []).append(r)
+            if r.gpu is not None and r.gpu_memory_bytes is not None:
+                gpu_bytes[r.pid] = gpu_bytes.get(r.pid, 0) + r.gpu_memory_bytes
+            rates = [g for g in (r.gpu_growth_bytes_per_s, r.rss_growth_bytes_per_s) if g is not None]
+            if rates:
+                growth[r.pid] = max(growth.get(r.pid, rates[0]), *rates)
+        alerting = {a.pid for a in frame.alerts if a.pid is not None}
+        exported = choose_exported(sample.processes, gpu_bytes, growth, alerting, self.top)
+        torch: dict[int, TorchMemory] = {t.pid: t for t in frame.torch}
+
+        memory_labels = (*PROCESS_LABELS, "memory", "gpu")
+        p_gpu = GaugeMetricFamily("gpuscope_process_gpu_memory_bytes",
+                                  "GPU memory of the process on one GPU (NVML; includes the CUDA context).",
+                                  labels=(*PROCESS_LABELS, "gpu"))
+        p_rss = GaugeMetricFamily("gpuscope_process_resident_memory_bytes", "Resident set size of the process.",
+                                  labels=PROCESS_LABELS)
+        p_growth = GaugeMetricFamily(
+            "gpuscope_process_memory_growth_bytes_per_second",
+            "Growth of the memory floor (minima over 30 s, Theil-Sen slope), as the console's growth column.",
+            labels=memory_labels)
+        p_verdict = GaugeMetricFamily(
+            "gpuscope_process_leak_verdict",
+            "1 for the leak detector's current verdict and pattern of the series (memory=gpu|rss).",
+            labels=(*memory_labels, "verdict", "pattern"))
+        p_leak = GaugeMetricFamily("gpuscope_process_leak",
+                                   "1 while the leak detector raises an alert on the series, else 0.",
+                                   labels=memory_labels)
+        p_conf = GaugeMetricFamily("gpuscope_process_leak_confidence",
+                                   "The leak detector's confidence in its pattern (0 to 1).", labels=memory_labels)
+        p_floor = GaugeMetricFamily("gpuscope_process_leak_growth_bytes_per_second",
+                                    "The leak detector's floor slope of the series.", labels=memory_labels)
+        t_alloc = GaugeMetricFamily("gpuscope_process_torch_allocated_bytes",
+                                    "PyTorch's memory_allocated() (through gpuscope's probe).", labels=PROCESS_LABELS)
+        t_resv = GaugeMetricFamily("gpuscope_process_torch_reserved_bytes",
+                                   "PyTorch's memory_reserved() (through gpuscope's probe).", labels=PROCESS_LABELS)
+        alerts = {(a.kind, a.pid, a.device) for a in frame.alerts}
+        live: set[tuple[int, float]] = set()
+        for p in exported:
+            key = (p.pid, p.create_time)
+            live.add(key)
+            cg = self._cgroup(key)
+            ident = [node, str(p.pid), f"{p.create_time:.2f}", _short(p.command, COMMAND_CHARS),
+                     _short(p.user or "", LABEL_CHARS), cg.pod_uid, cg.container_id]
+            if p.rss_bytes is not None:
+                p_rss.add_metric(ident, p.rss_bytes)
+            rows = rows_by_pid.get(p.pid, ())
+            rss_growth = next((r.rss_growth_bytes_per_s for r in rows), None)
+            # (memory, gpu label, growth, the watch's key, the alerts' key)
+            series: list[tuple[str, str, float | None, tuple, tuple]] = [
+                ("rss", "", rss_growth, ("rss", p.pid, p.create_time), ("rss", p.pid, None))
+            ]
+            for r in rows:
+                if r.gpu is None:
+                    continue
+                if r.gpu_memory_bytes is not None:
+                    p_gpu.add_metric([*ident, str(r.gpu)], r.gpu_memory_bytes)
+                series.append(("gpu", str(r.gpu), r.gpu_growth_bytes_per_s, ("gpu", p.pid, p.create_time, r.gpu),
+                               ("gpu", p.pid, r.gpu)))
+            for memory, gpu, rate, watch_key, alert_key in series:
+                labels = [*ident, memory, gpu]
+                if rate is not None:
+                    p_growth.add_metric(labels, rate)
+                a: LeakAssessment | None = sample.assessments.get(watch_key)
+                p_leak.add_metric(labels, 1.0 if alert_key in alerts else 0.0)
+                if a is None:
+                    continue
+                p_verdict.add_metric([*labels, a.verdict if a.verdict in VERDICTS else "inconclusive", a.pattern], 1.0)
+                p_conf.add_metric(labels, a.confidence)
+                if a.growth_bytes_per_s is not None:
+                    p_floor.add_metric(labels, a.growth_bytes_per_s)
+            t = torch.get(p.pid)
+            if t is not None:
+                if t.allocated_bytes is not None:
+                    t_alloc.add_metric(ident, t.allocated_bytes)
+                if t.reserved_bytes is not None:
+                    t_resv.add_metric(ident, t.reserved_bytes)
+        with self._cgroups_lock:  # forget the cgroups of processes no longer exported
+            for key in [k for k in self._cgroups if k not in live]:
+                del self._cgroups[key]
+
+        status = frame.nvml.status
+        nvml_up = GaugeMetricFamily("gpuscope_nvml_up", "1 when NVML answers, 0 when it cannot be read "
+                                    "(the reason in the label; host memory is still exported).",
+                                    labels=("node", "reason"))
+        nvml_up.add_metric([node, "" if status is None else _short(status, LABEL_CHARS)], 0.0 if status else 1.0)
+        age = GaugeMetricFamily("gpuscope_exporter_sample_age_seconds",
+                                "Seconds since the latest sample of the node (grows while reads hang).",
+                                labels=("node",))
+        age.add_metric([node], max(0.0, self._clock() - sample.at))
+        procs = GaugeMetricFamily("gpuscope_exporter_processes",
+                                  "Processes sampled on the node (seen) and exported with series (exported).",
+                                  labels=("node", "state"))
+        procs.add_metric([node, "seen"], len(sample.processes))
+        procs.add_metric([node, "exported"], len(exported))
+        return [gpu_used, gpu_total, p_gpu, p_rss, p_growth, p_verdict, p_leak, p_conf, p_floor, t_alloc, t_resv,
+                nvml_up, age, procs]
+
+    def _cgroup(self, key: tuple[int, float]) -> Cgroup:
+        with self._cgroups_lock:
+            cg = self._cgroups.get(key)
+        if cg is None:
+            cg = read_cgroup(key[0])
+            with self._cgroups_lock:
+                self._cgroups[key] = cg
+        return cg
+
+    def _health(self, duration: float) -> list[Metric]:
+        node = self.node
+        scrape = GaugeMetricFamily("gpuscope_exporter_scrape_duration_seconds",
+                                   "Seconds this scrape took to build its metrics.", labels=("node",))
+        scrape.add_metric([node], duration)
+        scrapes = CounterMetricFamily("gpuscope_exporter_scrapes", "Scrapes answered.", labels=("node",))
+        scrapes.add_metric([node], self._scrapes)
+        errors = CounterMetricFamily("gpuscope_exporter_errors",
+                                     "Failures: reads of NVML or the host that failed or timed out, and scrapes "
+                                     "that could not build the node's metrics.", labels=("node", "source"))
+        with self.health.lock:
+            counts = dict(self.health.read_errors)
+        counts["scrape"] = self._scrape_errors
+        for source, n in sorted(counts.items()):
+            errors.add_metric([node, source], n)
+        up = GaugeMetricFamily("gpuscope_exporter_ready", "1 once the node has been sampled.", labels=("node",))
+        up.add_metric([node], 0.0 if self._sample is None else 1.0)
+        return [scrape, scrapes, errors, up]
+
+
+class _CountedNvml:
+    """An NVML collector whose failed reads are counted in the exporter's health."""
+
+    def __init__(self, inner: NvmlCollector, health: ExporterHealth) -> None:
+        self._inner, self._health = inner, health
+
+    def read(self) -> NvmlReading:
+        try:
+            return self._inner.read()
+        except Exception:
+            self._health.error("nvml")
+            raise
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _CountedHost(HostCollector):
+    """The host collector, its failed scans counted in the exporter's health."""
+
+    def __init__(self, health: ExporterHealth) -> None:
+        super().__init__()
+        self._health = health
+
+    def scan(self):
+        try:
+            return super().scan()
+        except Exception:
+            self._health.error("host")
+            raise
+
+
+class NodeAgent:
+    """The node sampled on its pollers, its leak watch and the collector Prometheus scrapes."""
+
+    def __init__(self, node: str, *, interval: float = 1.0, thresholds: LeakThresholds = LeakThresholds(),
+                 top: int = TOP_PER_CRITERION, nvml: NvmlCollector | None = None) -> None:
+        self.health = ExporterHealth()
+        self.watch = LeakWatch(thresholds=thresholds, max_series=WATCHED_SERIES)
+        self.collector = NodeCollector(node, top=top, health=self.health)
+        self.source = NodeSource(
+            interval=interval, thresholds=thresholds, watch=self.watch,
+            nvml=_CountedNvml(nvml or NvmlCollector(), self.health), host=_CountedHost(self.health),
+        )
+
+    def start(self) -> None:
+        self.source.start(self._on_frame)
+
+    def stop(self) -> None:
+        self.source.stop()
+
+    def _on_frame(self, frame: Frame) -> None:  # on the host poller's thread, which feeds the watch
+        snap = self.source.last_host
+        self.collector.accept(frame, snap.processes if snap is not None else (), self.watch)

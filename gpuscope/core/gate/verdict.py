@@ -1,0 +1,546 @@
+"""The memory gate of `gpuscope check`: what a round measured, the baseline file, the verdict.
+
+A check drives a service through rounds (gpuscope.core.gate.run) and records, per round and per
+memory series ("rss": the resident memory of the service's process tree; "gpu0", "gpu1", ...:
+its GPU memory per device), the **floor**: the lowest memory in the round's last, quiet seconds
+(after the load command has exited), i.e. what the round left behind. Round 0 is the reference:
+the last warm-up round, or the idle service before round 1 when there is no warm-up.
+
+Growth per round is the Theil-Sen slope through the floors of round 0 and the judged rounds (one
+odd round cannot move it); the **noise** of a run is the largest distance of a floor from that
+line. A series fails when its growth per round exceeds the baseline's by more than the
+**allowance**:
+
+    allowance = max(tolerance x the baseline's round-0 floor, NOISE_FACTOR x max(noise of the
+                    baseline, noise of this run))
+
+so the tolerance is a share of the memory the service holds (a few percent), and a service whose
+floors scatter more than that (noisy temporaries) is given room for its own scatter: a flat
+service does not fail on noise, one that keeps what it allocates fails within a few rounds.
+When both runs counted requests, the baseline's growth is scaled to this run's requests per
+round (the comparison is per request, whatever the speed of the machine). Without a baseline,
+the rounds are compared with a service that does not grow.
+
+A second criterion needs no baseline: the leak detector (gpuscope.core.leak) over every sample
+of the judged rounds, which calls a leak "outright" when the floor climbs fast and steadily.
+
+Pure functions and plain data; nothing here starts a process or prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuscope.core.leak.growth import theil_sen
+from gpuscope.core.leak import LeakAssessment
+from gpuscope.core.common.units import format_bytes
+from gpuscope.errors import UsageError
+
+BASELINE_SCHEMA = "gpuscope.check-baseline/1"
+RESULT_SCHEMA = "gpuscope.check/1"
+DEFAULT_TOLERANCE_PCT = 3.0
+NOISE_FACTOR = 2.0  # a straight line through floors that scatter by e can rise ~e per round
+MAX_BASELINE_BYTES = 16 << 20
+SITES_PER_ROUND = 10  # allocation sites kept per round (largest first)
+SITES_SHOWN = 5
+MIN_SITE_EXCESS = 64 << 10  # a site must hold this much more per round than in the baseline to count
+
+
+class BaselineError(UsageError):
+    """The baseline file cannot be used; the message is one line that says what to do."""
+
+
+# -- what a round measured --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """An allocation site of memory that stayed: allocated during a round and still held at its end."""
+
+    function: str
+    file: str
+    line: int
+    bytes: int
+    count: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.function, self.file, self.line)
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def to_json(self) -> dict:
+        return {"function": self.function, "file": self.file, "line": self.line, "bytes": self.bytes, "count": self.count}
+
+    @classmethod
+    def from_json(cls, data: object) -> Site:
+        if not isinstance(data, dict):
+            raise ValueError("a site is not an object")
+        return cls(str(data["function"]), str(data["file"]), _int(data["line"]), _int(data["bytes"]),
+                   _int(data.get("count", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """One memory series in one round: its floor (what the round left behind) and its peak."""
+
+    floor: int | None
+    peak: int | None = None
+
+    def to_json(self) -> dict:
+        return {"floor": self.floor, "peak": self.peak}
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one round measured. `number` 1..N for the judged rounds; 0 for the reference (the
+    last warm-up round, or the idle service before round 1), negative for earlier warm-ups."""
+
+    number: int
+    warmup: bool
+    duration_s: float
+    memory: Mapping[str, Memory]  # series ("rss", "gpu0", ...) -> figures
+    requests: int | None = None  # requests the service counted during the round
+    p95_s: float | None = None  # P95 latency of those requests
+    load_exit: int | None = None  # the load command's exit status (None: no load command)
+    sites: tuple[Site, ...] | None = None  # None: allocations were not tracked in this round
+    completed: bool = True  # False: the round was cut short (the service exited, the load failed)
+    note: str | None = None  # why sites are missing, or what cut the round short
+
+    def floor(self, series: str) -> int | None:
+        figures = self.memory.get(series)
+        return figures.floor if figures is not None else None
+
+    def to_json(self) -> dict:
+        return {
+            "round": self.number,
+            "warmup": self.warmup,
+            "completed": self.completed,
+            "duration_s": round(self.duration_s, 3),
+            "load_exit": self.load_exit,
+            "memory": {name: figures.to_json() for name, figures in sorted(self.memory.items(), key=_series_order)},
+            "requests": self.requests,
+            "p95_s": _finite(self.p95_s),
+            "sites": None if self.sites is None else [s.to_json() for s in self.sites],
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Round:
+        if not isinstance(data, dict):
+            raise ValueError("a round is not an object")
+        memory = data["memory"]
+        if not isinstance(memory, dict):
+            raise ValueError("a round's memory is not an object")
+        sites = data.get("sites")
+        return cls(
+            number=_int(data["round"]),
+            warmup=bool(data.get("warmup", False)),
+            duration_s=_number(data["duration_s"]),
+            memory={str(k): Memory(_optional_int(v.get("floor")), _optional_int(v.get("peak")))
+                    for k, v in memory.items() if isinstance(v, dict)},
+            requests=_optional_int(data.get("requests")),
+            p95_s=_optional_number(data.get("p95_s")),
+            load_exit=_optional_int(data.get("load_exit")),
+            sites=None if sites is None else tuple(Site.from_json(s) for s in sites),
+            completed=bool(data.get("completed", True)),
+            note=data.get("note") if isinstance(data.get("note"), str) else None,
+        )
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    """Everything a check measured."""
+
+    command: str  # shown (redacted)
+    settings: Mapping[str, object]  # how the rounds were driven (mode, load, round_s, settle_s, ...)
+    rounds: tuple[Round, ...]
+    leak: Mapping[str, LeakAssessment] = field(default_factory=dict)  # series -> the detector's word
+    exit_status: int | None = None  # the service's, when it exited before the rounds ended
+    stopped: str | None = None  # why the rounds ended early (one line), None when all ran
+    stopped_by: str | None = None  # "service" (it exited, or never got ready) | "load" (failed, timed out)
+    notes: tuple[str, ...] = ()
+    # The first round whose floor holds the memory of every instrument loaded into the service
+    # (memray, loaded once before round 0, or at the start of the round where a process's probe
+    # first showed): the floors of earlier rounds lack it, so the growth line starts here.
+    comparable_from: int = 0
+
+    @property
+    def judged(self) -> tuple[Round, ...]:
+        return tuple(r for r in self.rounds if not r.warmup and r.completed)
+
+    def series(self) -> list[str]:
+        names = {name for r in self.rounds for name in r.memory}
+        return sorted(names, key=lambda n: _series_order((n, None)))
+
+
+# -- the baseline file -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Baseline:
+    path: str
+    rounds: tuple[Round, ...]
+    settings: Mapping[str, object]
+    command: str = ""
+    created: str | None = None
+    comparable_from: int = 0  # as in CheckRun
+
+    @property
+    def judged(self) -> tuple[Round, ...]:
+        return tuple(r for r in self.rounds if not r.warmup and r.completed)
+
+    @property
+    def reference(self) -> Round | None:
+        return next((r for r in self.rounds if r.number == 0), None)
+
+
+def baseline_json(run: CheckRun, *, version: str, created: str) -> dict:
+    """The baseline file's object for a known-good run."""
+    return {
+        "schema": BASELINE_SCHEMA,
+        "gpuscope": version,
+        "created": created,
+        "command": run.command,
+        "settings": dict(run.settings),
+        "rounds": [r.to_json() for r in run.rounds if r.number >= 0],
+        "comparable_from": run.comparable_from,
+    }
+
+
+def load_baseline(path: str) -> Baseline:
+    """Read and check a baseline file. BaselineError (one line) when it is missing, unreadable,
+    not JSON, of another schema, or without the rounds a comparison needs."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BASELINE_BYTES + 1)
+    except FileNotFoundError:
+        raise BaselineError(
+            f"baseline {path} does not exist: write one from a known-good run with --update-baseline"
+        ) from None
+    except IsADirectoryError:
+        raise BaselineError(f"baseline {path} is a folder, not a file") from None
+    except OSError as exc:
+        raise BaselineError(f"cannot read baseline {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_BASELINE_BYTES:
+        raise BaselineError(f"baseline {path} is over {MAX_BASELINE_BYTES >> 20} MiB: not a gpuscope baseline")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise BaselineError(
+            f"baseline {path} is not valid JSON (corrupt or truncated): write it again with --update-baseline"
+        ) from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != BASELINE_SCHEMA:
+        what = f"schema {schema!r}" if isinstance(schema, str) else "no schema"
+        hint = " (a check result, not a baseline)" if schema == RESULT_SCHEMA else ""
+        raise BaselineError(
+            f"baseline {path} has {what}{hint}, expected {BASELINE_SCHEMA!r}: write one with --update-baseline"
+        )
+    try:
+        rounds = tuple(Round.from_json(r) for r in data["rounds"])
+        settings = data.get("settings") or {}
+        if not isinstance(settings, dict):
+            raise ValueError("settings is not an object")
+        comparable_from = _int(data.get("comparable_from", 0))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BaselineError(f"baseline {path} is damaged ({_why(exc)}): write it again with --update-baseline") from None
+    baseline = Baseline(path, rounds, settings, str(data.get("command") or ""), data.get("created"), comparable_from)
+    if baseline.reference is None or not baseline.judged or baseline.reference.floor("rss") is None:
+        raise BaselineError(
+            f"baseline {path} holds no completed rounds to compare with: write it again with --update-baseline"
+        )
+    return baseline
+
+
+# -- the verdict -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Growth:
+    """How one series grew over the rounds of one run."""
+
+    per_round: float | None  # bytes per round (Theil-Sen slope through the floors)
+    noise: float  # bytes: the largest distance of a floor from that line
+    reference_floor: int | None  # round 0's floor
+    requests_per_round: float | None  # mean over the judged rounds, when every one counted
+
+    def to_json(self) -> dict:
+        return {
+            "per_round_bytes": _round(self.per_round),
+            "noise_bytes": _round(self.noise),
+            "reference_floor_bytes": self.reference_floor,
+            "requests_per_round": _round(self.requests_per_round, 2),
+            "per_request_bytes": _round(self.per_request, 2),
+        }
+
+    @property
+    def per_request(self) -> float | None:
+        if self.per_round is None or not self.requests_per_round:
+            return None
+        return self.per_round / self.requests_per_round
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One thing the gate checks. `passed` None: it could not be judged (said why in `message`)."""
+
+    name: str
+    passed: bool | None
+    message: str
+    figures: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return {True: "pass", False: "fail", None: "skipped"}[self.passed]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "message": self.message, "figures": dict(self.figures)}
+
+
+@dataclass(frozen=True)
+class GrownSite:
+    site: Site  # the run's figures (bytes: the most held at the end of a round)
+    per_round: float  # bytes held at the end of a round, mean over the tracked judged rounds
+    baseline_per_round: float  # the same in the baseline (0 when the baseline never saw it)
+
+    @property
+    def excess(self) -> float:
+        return self.per_round - self.baseline_per_round
+
+    def to_json(self) -> dict:
+        return {"function": self.site.function, "file": self.site.file, "line": self.site.line,
+                "bytes_per_round": round(self.per_round), "baseline_bytes_per_round": round(self.baseline_per_round)}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    criteria: tuple[Criterion, ...]
+    growth: Mapping[str, Growth]  # series -> this run's growth
+    baseline_growth: Mapping[str, Growth]  # series -> the baseline's (empty without a baseline)
+    allowance: Mapping[str, float]  # series -> the allowance the growth was judged with
+    sites: tuple[GrownSite, ...]  # sites holding more per round than in the baseline, most first
+    round_failures: Mapping[int, str]  # round number -> why that round counts as failed
+
+    @property
+    def failed(self) -> tuple[Criterion, ...]:
+        return tuple(c for c in self.criteria if c.passed is False)
+
+
+def growth_of(rounds: Sequence[Round], series: str, since: int = 0) -> Growth:
+    """Growth per round and noise of one series over round `since` (0: the reference) and the
+    completed judged rounds after it."""
+    points = [(float(r.number), float(f)) for r in rounds
+              if r.completed and r.number >= since and (f := r.floor(series)) is not None]
+    reference = next((r.floor(series) for r in rounds if r.number == 0), None)
+    judged = [r for r in rounds if r.number > 0 and r.completed]
+    counted = [r.requests for r in judged if r.requests is not None]
+    requests = sum(counted) / len(counted) if judged and len(counted) == len(judged) else None
+    slope = theil_sen(points) if len(points) >= 2 else None
+    if slope is None:
+        return Growth(None, 0.0, reference, requests)
+    intercept = _median([v - slope * t for t, v in points])
+    noise = max(abs(v - (intercept + slope * t)) for t, v in points)
+    return Growth(slope, noise, reference, requests)
+
+
+def judge(run: CheckRun, baseline: Baseline | None, tolerance_pct: float = DEFAULT_TOLERANCE_PCT, *,
+          compare: bool = True) -> Verdict:
+    """The gate's verdict on a run, against a baseline (or against no growth without one).
+
+    `compare` False: the run is to become the baseline; its growth is recorded, not judged (the
+    other criteria still are: a run that crashed or leaks outright is no known-good run)."""
+    tolerance = tolerance_pct / 100.0
+    criteria: list[Criterion] = [_command_criterion(run)]
+    if run.settings.get("load"):
+        criteria.append(_load_criterion(run))
+    growth: dict[str, Growth] = {}
+    base_growth: dict[str, Growth] = {}
+    allowance: dict[str, float] = {}
+    round_failures: dict[int, str] = {r.number: r.note or "cut short" for r in run.rounds if not r.completed}
+    for series in run.series():
+        g = growth_of(run.rounds, series, run.comparable_from)
+        growth[series] = g
+        b = growth_of(baseline.rounds, series, baseline.comparable_from) if baseline is not None else None
+        if b is not None and b.per_round is not None:
+            base_growth[series] = b
+        if not compare:
+            criteria.append(Criterion(f"{series}-growth", None, f"{label(series)} floor grew {format_bytes(g.per_round, sign=True)} "
+                                      "per round: recorded for the baseline, not judged"))
+            continue
+        criterion, allowed, expected = _growth_criterion(series, g, b if b and b.per_round is not None else None,
+                                                         tolerance, tolerance_pct, len(run.judged))
+        criteria.append(criterion)
+        if allowed is not None:
+            allowance[series] = allowed
+        if criterion.passed is False and allowed is not None:
+            previous = {r.number: r.floor(series) for r in run.rounds if r.completed}
+            for r in run.judged:
+                before, now = previous.get(r.number - 1), r.floor(series)
+                if before is not None and now is not None and now - before > expected + allowed:
+                    round_failures.setdefault(
+                        r.number, f"{label(series)} floor grew {format_bytes(now - before)} in this round "
+                                  f"(allowed {format_bytes(expected + allowed)})")
+    criteria.append(_leak_criterion(run))
+    sites = grown_sites(run.rounds, baseline.rounds if baseline is not None else ())
+    passed = all(c.passed is not False for c in criteria)
+    return Verdict(passed, tuple(criteria), growth, base_growth, allowance, sites, round_failures)
+
+
+def _growth_criterion(series: str, g: Growth, b: Growth | None, tolerance: float, tolerance_pct: float,
+                      judged: int) -> tuple[Criterion, float | None, float]:
+    name = f"{series}-growth"
+    if g.per_round is None or judged == 0:
+        return Criterion(name, None, f"{label(series)}: no completed round to judge"), None, 0.0
+    reference = b.reference_floor if b is not None and b.reference_floor else g.reference_floor
+    noise = max(g.noise, b.noise if b is not None else 0.0)
+    share = tolerance * (reference or 0)
+    allowed = max(share, NOISE_FACTOR * noise)
+    expected = 0.0
+    if b is not None:
+        expected = max(0.0, b.per_round or 0.0)
+        if g.requests_per_round and b.requests_per_round:
+            expected *= g.requests_per_round / b.requests_per_round  # per request, at this run's load
+    limit = expected + allowed
+    figures = {
+        "growth_per_round_bytes": _round(g.per_round),
+        "baseline_growth_per_round_bytes": _round(b.per_round) if b is not None else None,
+        "expected_growth_per_round_bytes": _round(expected),
+        "allowance_bytes": _round(allowed),
+        "noise_bytes": _round(noise),
+        "tolerance_pct": tolerance_pct,
+        "reference_floor_bytes": reference,
+        "growth_per_request_bytes": _round(g.per_request, 2),
+    }
+    if b is None:
+        against = "no baseline: compared with no growth"
+    elif expected != max(0.0, b.per_round or 0.0):
+        against = f"baseline {format_bytes(b.per_round, sign=True)}/round, {format_bytes(expected, sign=True)} at this run's requests per round"
+    else:
+        against = f"baseline {format_bytes(b.per_round, sign=True)}/round"
+    why_allowed = (f"{tolerance_pct:g}% of {format_bytes(reference)}" if allowed == share
+                   else f"{NOISE_FACTOR:g} x the rounds' noise of {format_bytes(noise)}")
+    per_request = f", {format_bytes(g.per_request, sign=True)} per request" if g.per_request is not None else ""
+    message = (f"{label(series)} floor grew {format_bytes(g.per_round, sign=True)} per round{per_request} "
+               f"({against}; allowed {format_bytes(limit, sign=True)}: {why_allowed})")
+    return Criterion(name, g.per_round <= limit, message, figures), allowed, expected
+
+
+def _command_criterion(run: CheckRun) -> Criterion:
+    if run.stopped_by == "service":
+        return Criterion("command", False, run.stopped or "the service stopped", {"exit_status": run.exit_status})
+    if run.stopped is not None:
+        return Criterion("command", True, "the service kept running until the rounds stopped", {"exit_status": None})
+    return Criterion("command", True, f"the service ran through all {run.settings.get('rounds')} rounds",
+                     {"exit_status": None})
+
+
+def _load_criterion(run: CheckRun) -> Criterion:
+    if run.stopped_by == "load":
+        return Criterion("load", False, run.stopped or "the load command failed",
+                         {"exit_status": next((r.load_exit for r in run.rounds if not r.completed), None)})
+    ran = sum(1 for r in run.rounds if r.load_exit == 0)
+    return Criterion("load", True, f"the load command succeeded in each of the {ran} rounds it ran", {})
+
+
+def _leak_criterion(run: CheckRun) -> Criterion:
+    if not run.leak:
+        return Criterion("leak", None, "the leak detector had no samples of the judged rounds")
+    leaking = {s: a for s, a in run.leak.items() if a.is_leak}
+    figures = {s: a.to_json() for s, a in run.leak.items()}
+    if leaking:
+        series, a = max(leaking.items(), key=lambda kv: kv[1].growth_bytes_per_s or 0.0)
+        return Criterion("leak", False, f"the leak detector calls {label(series)} a leak: {a.reason}", figures)
+    words = "; ".join(f"{label(s)}: {a.verdict} ({a.pattern})" for s, a in run.leak.items())
+    return Criterion("leak", True, f"no leak found outright ({words})", figures)
+
+
+def grown_sites(rounds: Sequence[Round], baseline_rounds: Sequence[Round]) -> tuple[GrownSite, ...]:
+    """Allocation sites that hold more at the end of a judged round than in the baseline, most first."""
+    mine, examples = _per_round(rounds)
+    theirs, _ = _per_round(baseline_rounds)
+    grown = [GrownSite(examples[k], v, theirs.get(k, 0.0)) for k, v in mine.items()]
+    grown = [g for g in grown if g.excess >= MIN_SITE_EXCESS]
+    grown.sort(key=lambda g: -g.excess)
+    return tuple(grown[:SITES_SHOWN])
+
+
+def _per_round(rounds: Sequence[Round]) -> tuple[dict[tuple, float], dict[tuple, Site]]:
+    tracked = [r for r in rounds if r.number > 0 and r.completed and r.sites is not None]
+    totals: dict[tuple, float] = {}
+    examples: dict[tuple, Site] = {}
+    for r in tracked:
+        for s in r.sites or ():
+            totals[s.key] = totals.get(s.key, 0.0) + s.bytes
+            if s.key not in examples or s.bytes > examples[s.key].bytes:
+                examples[s.key] = s
+    return {k: v / len(tracked) for k, v in totals.items()}, examples
+
+
+# -- words -------------------------------------------------------------------------------------------
+
+
+def label(series: str) -> str:
+    """'rss' -> 'RSS', 'gpu0' -> 'GPU 0'."""
+    if series == "rss":
+        return "RSS"
+    if series.startswith("gpu") and series[3:].isdigit():
+        return f"GPU {series[3:]}"
+    return series
+
+
+def _series_order(item: tuple[str, object]) -> tuple[int, int, str]:
+    name = item[0]
+    if name == "rss":
+        return (0, 0, name)
+    if name.startswith("gpu") and name[3:].isdigit():
+        return (1, int(name[3:]), name)
+    return (2, 0, name)
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
+
+
+def _round(x: float | None, digits: int = 0) -> float | int | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return round(x) if digits == 0 else round(x, digits)
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected a number, not {value!r}")
+    return int(value)
+
+
+def _optional_int(value: object) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected a number, not {value!r}")
+    return float(value)
+
+
+def _optional_number(value: object) -> float | None:
+    return None if value is None else _number(value)
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"{exc.args[0]!r} is missing"
+    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__

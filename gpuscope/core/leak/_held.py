@@ -1,0 +1,130 @@
+"""Held bytes of one allocation site over a tracking window, and when a running tracker has seen
+enough."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuscope.core.leak.growth import theil_sen
+from gpuscope.core.common.units import format_duration, format_size, format_speed
+from gpuscope.core.leak._assessment import LeakThresholds
+from gpuscope.core.leak._analysis import kendall_tau
+
+
+# --- held bytes of one allocation site --------------------------------------------------------------
+
+HELD_MIN_RISE = 1e6  # bytes: a site must gain at least this much over the tracking window to count
+
+
+@dataclass(frozen=True)
+class HeldTrend:
+    """What the bytes one allocation site held over a tracking window look like.
+
+    - `kind`: "rising" (held bytes rise steadily to the end: a leak, whatever RSS shows, since
+      the tracker sees what the allocator's reuse of freed heap hides), "levelled" (they rose,
+      then stopped: a cache filling up to its bound), "balanced" (what is allocated is freed),
+      or "insufficient-data".
+    - `growth_bytes_per_s`: the Theil-Sen slope of the held bytes; `confidence` in [0, 1].
+    """
+
+    kind: str
+    growth_bytes_per_s: float
+    confidence: float
+    reason: str
+
+
+def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakThresholds = LeakThresholds()) -> HeldTrend:
+    """Judge one site's held bytes over time (memory allocated since tracking began, still held).
+
+    There is no sample noise to beat here (the tracker counts bytes exactly): what matters is
+    that the rise is steady (Kendall's tau), lasts to the end (the last half of the window rises
+    at least 40 % as fast as the whole), and adds up (`HELD_MIN_RISE`, `min_rate`)."""
+    points = [(t, float(v)) for t, v in zip(times, held)]
+    if len(points) < 4 or points[-1][0] - points[0][0] < 2.0:
+        return HeldTrend("insufficient-data", 0.0, 0.0, f"held bytes read at only {len(points)} times")
+    slope = theil_sen(points) or 0.0
+    tau = kendall_tau(points)
+    half = len(points) // 2
+    late = theil_sen(points[half:]) or 0.0
+    early = theil_sen(points[: half + 1]) or 0.0
+    rise = points[-1][1] - points[0][1]
+    peak = max(v for _, v in points)
+    span = points[-1][0] - points[0][0]
+    confidence = max(tau, 0.0) * min(1.0, len(points) / 10)
+    if (rise >= HELD_MIN_RISE and slope >= thresholds.min_rate and tau >= 0.6 and late >= 0.4 * slope):
+        return HeldTrend("rising", slope, confidence,
+                         f"held bytes rose {format_speed(slope)} steadily for {format_duration(span)} (to {format_size(points[-1][1])})")
+    if peak - points[0][1] >= HELD_MIN_RISE and early > 0 and late < 0.25 * early:
+        return HeldTrend("levelled", late, confidence or 0.5,
+                         f"held bytes rose to {format_size(peak)}, then levelled off (a cache filling to its bound)")
+    return HeldTrend("balanced", slope, 1 - abs(tau) / 2,
+                     f"held bytes at {format_size(points[-1][1])}, not rising steadily")
+
+
+# --- when a running tracker has seen enough ---------------------------------------------------------
+
+SETTLE_SKIP_S = 1.0  # the tracker's own start (its buffers, its module) is in its first second
+SETTLE_MIN_S = 6.0  # a tracker is never stopped sooner: fewer points make no trend
+SETTLE_MIN_POINTS = 6
+SETTLE_TAU = 0.8  # a rise this steady (Kendall's tau) over the points so far is clear
+SETTLE_HORIZON_S = 12.0  # what a default diagnosis (30 s) tracks: "flat" means no site could rise
+# HELD_MIN_RISE over it, so the floors of each third of the points must stay within it and their
+# slope, carried over this horizon, too.
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Why a tracker may stop before its time: "rising" (a site's held bytes rise steadily),
+    "levelled" (the memory in use rose, then levelled off) or "flat"."""
+
+    kind: str
+    reason: str
+
+
+def tracking_settled(times: Sequence[float], sites: Sequence[tuple[str, Sequence[float | None]]],
+                     totals: Sequence[tuple[str, Sequence[float | None]]],
+                     thresholds: LeakThresholds = LeakThresholds()) -> Settled | None:
+    """Whether what a running tracker has seen so far is clear enough to stop it (None: not yet).
+
+    `sites`: held bytes of allocation sites; `totals`: the process's memory in use (the heap
+    malloc has handed out, the RSS), each at `times` (seconds since tracking began). A site or the
+    heap rising steadily is a clear leak; every total flat, or risen and then levelled off, is
+    clearly none (a cache filling to its bound). Anything else: keep tracking."""
+    kept = [i for i, t in enumerate(times) if t >= SETTLE_SKIP_S]
+    if len(kept) < SETTLE_MIN_POINTS or times[kept[-1]] < SETTLE_MIN_S:
+        return None
+
+    def points(held: Sequence[float | None]) -> list[tuple[float, float]]:
+        return [(times[i], float(v)) for i in kept if i < len(held) and (v := held[i]) is not None]
+
+    for name, held in [*sites, *totals[:1]]:  # the RSS rises with a tracker's own buffers: not a leak's sign
+        pts = points(held)
+        if len(pts) < SETTLE_MIN_POINTS:
+            continue
+        trend = held_trend([t for t, _ in pts], [v for _, v in pts], thresholds)
+        if trend.kind == "rising" and kendall_tau(pts) >= SETTLE_TAU:
+            return Settled("rising", f"{name} rose {format_speed(trend.growth_bytes_per_s)} steadily for "
+                                     f"{format_duration(pts[-1][0] - pts[0][0])}")
+    shapes = []
+    for name, held in totals:
+        pts = points(held)
+        if len(pts) < SETTLE_MIN_POINTS:
+            continue
+        third = len(pts) // 3
+        parts = (pts[:third], pts[third:2 * third], pts[2 * third:])
+        floors = [min(parts[k], key=lambda p: p[1]) for k in range(3)]
+        drift = abs(theil_sen(floors) or 0.0) * SETTLE_HORIZON_S
+        if max(v for _, v in floors) - min(v for _, v in floors) <= HELD_MIN_RISE and drift <= HELD_MIN_RISE:
+            shapes.append((name, "flat"))
+        elif floors[1][1] - floors[0][1] >= HELD_MIN_RISE and abs(floors[2][1] - floors[1][1]) <= HELD_MIN_RISE / 4:
+            shapes.append((name, "levelled"))
+        else:
+            return None  # still moving: keep tracking
+    if not shapes:
+        return None
+    span = format_duration(times[kept[-1]] - times[kept[0]])
+    levelled = [name for name, shape in shapes if shape == "levelled"]
+    if levelled:
+        return Settled("levelled", f"{levelled[0]} rose, then stayed level for {span} (a cache filling to its bound)")
+    return Settled("flat", f"{' and '.join(name for name, _ in shapes)} flat for {span}")

@@ -1,0 +1,221 @@
+"""The target process as gpuscope sees it before touching it: is it Python, which version, which
+interpreter runs it with which environment and whose rights, and is calling into it safe.
+
+Everything the target's owner chooses (its interpreter binary, the environment its imports
+follow, its files) is run only with the owner's rights (`gpuscope.core.target.privilege`); only the
+variables that decide imports are taken from the target's environment (it may hold secrets).
+
+Nothing here attaches to the target: the attribution ladder (`allocations`), the probe injection
+(`inject`) and the console's process panel (`host`) ask here first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from gpuscope.core.target import privilege
+from gpuscope.core.common.printable import printable_line
+
+_PYTHON_NAME = re.compile(r"^(?:python|pypy)\d*(?:\.\d+)*[a-z]?$")
+_PYTHON_IN_NAME = re.compile(r"(?:python|pypy)(\d+)\.(\d+)")
+_LIBPYTHON = re.compile(r"libpython(\d+)\.(\d+)")
+
+
+# -- is it Python, which version --------------------------------------------------------------------
+
+
+def is_python(name: str | None, exe: str | None) -> bool:
+    """By the process's name (comm) or its executable's file name."""
+    if name and _PYTHON_NAME.match(name):
+        return True
+    return bool(exe and _PYTHON_NAME.match(os.path.basename(exe)))
+
+
+def libpython_version(pid: int) -> tuple[int, int] | None:
+    """An embedded interpreter (or one linked to libpython) shows in the memory map."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as maps:
+            for line in maps:
+                m = _LIBPYTHON.search(line)
+                if m:
+                    return int(m.group(1)), int(m.group(2))
+    except OSError:
+        return None
+    return None
+
+
+def version_in_name(exe: str | None) -> tuple[int, int] | None:
+    """python3.11, pypy3.10: the version an executable's file name says."""
+    m = _PYTHON_IN_NAME.search(os.path.basename(exe)) if exe else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def python_version_of(pid: int) -> tuple[int, int] | None:
+    """The Python major.minor a process runs, from its executable's name or its libpython; None if
+    it is not a Python process, (0, 0) for a Python that says no version (python, python3 that is
+    neither versioned nor shared: ask its interpreter, `python_version`). Nothing is run."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        try:
+            exe = psutil.Process(pid).exe()
+        except psutil.Error:
+            exe = ""
+    version = version_in_name(exe) or libpython_version(pid)
+    if version is not None:
+        return version
+    if re.match(r"^python\d?$", os.path.basename(exe)):
+        return (0, 0)
+    return None
+
+
+def interpreter_version(exe: str, pid: int) -> str | None:
+    """The full version ("3.11.9") from the interpreter binary itself (a short timeout). The
+    binary is the process owner's to choose (a copy beside a pyvenv.cfg runs that user's .pth
+    files), so it runs only with that owner's rights."""
+    try:
+        owner = privilege.owner_of(pid)
+    except (OSError, ValueError):
+        return None
+    out = privilege.run_as(owner, [exe, "-c", "import platform; print(platform.python_version())"],
+                           env={"PATH": privilege.SAFE_PATH, "PYTHONNOUSERSITE": "1"}, timeout=3)
+    if out is None:
+        return None
+    version = out.stdout.strip()
+    return version if out.returncode == 0 and re.fullmatch(r"\d+\.\d+\.\d+\S*", version) else None
+
+
+# -- the interpreter that runs it ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Interpreter:
+    """The interpreter that runs a process, the environment it imports with, and whose rights run it."""
+
+    path: str
+    env: dict[str, str]
+    owner: privilege.Owner
+
+
+def target_interpreter(pid: int) -> Interpreter:
+    """The interpreter that runs `pid`, to be run only with the rights of the process's owner.
+
+    argv[0] is preferred to /proc/PID/exe: a virtualenv's python resolves to the base interpreter,
+    which would not see the venv's packages. argv[0] is whatever the process set, so it (and its
+    environment) are run only as the process's owner (`gpuscope.core.target.privilege`). Only the
+    variables that decide imports are taken from the target's environment (it may hold secrets).
+    Raises psutil errors, privilege.NotPermitted.
+    """
+    proc = psutil.Process(pid)
+    args = proc.cmdline()
+    exe = proc.exe()
+    try:
+        owner = privilege.owner_of(pid)
+    except (OSError, ValueError):
+        raise psutil.NoSuchProcess(pid) from None
+    privilege.require_can_act_as(owner, pid)
+    python = args[0] if args and os.path.isabs(args[0]) and os.access(args[0], os.X_OK) else exe
+    env = {"PATH": privilege.SAFE_PATH}
+    try:
+        theirs = proc.environ()
+    except psutil.AccessDenied:
+        theirs = {}
+    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONNOUSERSITE"):
+        if name in theirs:
+            env[name] = theirs[name]
+    return Interpreter(python, env, owner)
+
+
+def run_python(interpreter: Interpreter, code: str, timeout: float) -> subprocess.CompletedProcess | None:
+    """`python -c code` with the target's interpreter and imports, as the target's owner."""
+    return privilege.run_as(interpreter.owner, [interpreter.path, "-c", code], env=interpreter.env, timeout=timeout)
+
+
+def python_version(interpreter: Interpreter) -> tuple[int, int] | None:
+    out = run_python(interpreter, "import sys; print('%d %d' % sys.version_info[:2])", 20)
+    if out is None or out.returncode != 0:
+        return None
+    try:
+        major, minor = out.stdout.split()
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+# -- is calling into it safe? ------------------------------------------------------------------------
+
+# gdb started by gpuscope reads no init file (-nx) and auto-loads nothing (no script, no
+# libthread_db) from the files of the process it attaches to: those belong to the target's owner.
+GDB_SAFE = ["-nx", "-iex", "set auto-load off"]
+
+_SAFE_INJECTION: dict[tuple[str, int], str | None] = {}  # (interpreter, owner) -> None if safe, else why not
+_SAFE_LOCK = threading.Lock()
+
+
+def injection_problem(interpreter: Interpreter) -> str | None:
+    """Why gdb must not call into a process of this interpreter here (None: it is safe).
+
+    gdb attaches to a throwaway `python -c "sleep"` (run as the target's owner) and calls a
+    function in it, as memray's injection does; if gdb reports an error, or the throwaway does not
+    survive unharmed, the real target would not either.
+    """
+    key = (interpreter.path, interpreter.owner.uid)
+    with _SAFE_LOCK:
+        if key in _SAFE_INJECTION:
+            return _SAFE_INJECTION[key]
+        gdb = shutil.which("gdb")
+        problem: str | None
+        if gdb is None:
+            problem = "gdb is not installed (memray needs it to attach before Python 3.14): apt-get install gdb"
+        else:
+            problem = _canary(gdb, interpreter)
+        _SAFE_INJECTION[key] = problem
+        return problem
+
+
+_CANARY = (
+    "import sys, time\n"
+    "print('ready', flush=True)\n"
+    "for _ in range(600):\n"
+    "    time.sleep(0.05)\n"  # an interruptible system call, like a service waiting for requests
+    "print('survived', flush=True)\n"
+)
+
+
+def _canary(gdb: str, interpreter: Interpreter) -> str | None:
+    shown = printable_line(interpreter.path)
+    try:
+        canary = privilege.popen_as(interpreter.owner, [interpreter.path, "-c", _CANARY], env=interpreter.env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except (OSError, subprocess.SubprocessError, privilege.NotPermitted):
+        return f"a test process of {shown} did not start"
+    try:
+        if privilege.read_until(canary.stdout, time.monotonic() + 20, line=True).strip() != "ready":
+            return f"a test process of {shown} did not start"
+        out = privilege.run_as(None, [gdb, "-batch", *GDB_SAFE, "-p", str(canary.pid), "-ex", "call (int) getpid()"],
+                               timeout=30)
+        time.sleep(0.3)  # long enough for a damaged sleep() to fail in the canary
+        if canary.poll() is not None:
+            said = privilege.read_until(canary.stderr, time.monotonic() + 1).strip().splitlines()[-1:] or ["it exited"]
+            why = printable_line(said[0])
+            return f"gdb harmed a test process when calling into it ({why}); attaching would likely crash the service"
+        if out is None:
+            return "gdb did not finish calling into a test process within 30 s"
+        failure = re.search(r"^(Couldn't .*|Cannot .*|.*[Ee]rror.*)$", out.stdout + out.stderr, re.MULTILINE)
+        if failure and "warning" not in failure.group(0).lower():
+            return f"gdb cannot call into processes on this machine ({printable_line(failure.group(1).strip())})"
+        return None
+    finally:
+        canary.kill()
+        canary.wait()
+        for pipe in (canary.stdout, canary.stderr):
+            if pipe is not None:
+                pipe.close()
