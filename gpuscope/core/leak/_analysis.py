@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from gpuscope.core.leak.growth import theil_sen
+from gpuscope.core.leak.growth import theil_sen, thinned
 from gpuscope.core.common.units import format_duration, format_size, format_speed
 from gpuscope.core.leak._assessment import GROWING, LeakAssessment, LeakThresholds
 from gpuscope.core.leak._sketch import FloorSketch, _Bucket, _median
@@ -99,7 +99,9 @@ def _floors(buckets: Sequence[_Bucket], count: int) -> list[_Bucket]:
 
 
 def kendall_tau(points: Sequence[tuple[float, float]]) -> float:
-    """Kendall's tau of value against time (Mann-Kendall S / number of pairs), in [-1, 1]."""
+    """Kendall's tau of value against time (Mann-Kendall S / number of pairs), in [-1, 1], over
+    at most MAX_PAIRWISE_POINTS points (see `growth.thinned`)."""
+    points = thinned(points)
     s = pairs = 0
     for i, (_, v1) in enumerate(points):
         for _, v2 in points[i + 1:]:

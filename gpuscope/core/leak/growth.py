@@ -30,8 +30,25 @@ def floor_points(times: Sequence[float], values: Sequence[float], chunks: int) -
     return [best[k] for k in sorted(best)]
 
 
+# Points a pairwise estimator (Theil-Sen, Kendall's tau) looks at: its pairs grow as the square of
+# its points. A probe or a baseline may send a million points; more than these are thinned evenly
+# (the first and the last kept), which moves neither estimator much on a series this dense.
+MAX_PAIRWISE_POINTS = 512
+
+
+def thinned(points: Sequence[tuple[float, float]], limit: int = MAX_PAIRWISE_POINTS) -> Sequence[tuple[float, float]]:
+    """`points` itself when there are at most `limit`, else `limit` of them evenly spaced by index."""
+    n = len(points)
+    if n <= limit:
+        return points
+    step = (n - 1) / (limit - 1)
+    return [points[round(i * step)] for i in range(limit)]
+
+
 def theil_sen(points: Sequence[tuple[float, float]]) -> float | None:
-    """Median of the slopes between every pair of points with distinct times."""
+    """Median of the slopes between every pair of points with distinct times (of at most
+    MAX_PAIRWISE_POINTS points: see `thinned`)."""
+    points = thinned(points)
     slopes = sorted(
         (v2 - v1) / (t2 - t1)
         for i, (t1, v1) in enumerate(points)
