@@ -5,5 +5,6 @@
     markdown    other people's text inside Markdown, unable to break out
     units       how sizes, rates and durations read, everywhere
     atomic      files written at a person's word: regular, private, never half-written
+    json_depth  how deep JSON from elsewhere nests, measured before it is parsed
     poller      one reader thread per source, coalesced requests, a deadline on every read
 """

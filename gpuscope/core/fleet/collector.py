@@ -32,7 +32,7 @@ from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.common.poller import Poller, Reading
 from gpuscope.core.common.printable import printable_line
-from gpuscope.core.serving.prometheus import TAG, PrometheusAuth, PrometheusCollector
+from gpuscope.core.serving.prometheus import TAG, PrometheusAuth, PrometheusCollector, checked_results
 from gpuscope.core.serving.promql import Matcher
 from gpuscope.core.serving.model import ServingSnapshot, SourceError
 from gpuscope.core.settings import PrometheusConfig
@@ -214,7 +214,10 @@ class FleetClient(PrometheusCollector):
         if len(results) > MAX_SERIES:
             raise SourceError(f"Prometheus at {self.target} answered {len(results):,} series; "
                               f"gpuscope reads at most {MAX_SERIES:,}", unreachable=False)
-        return results
+        try:
+            return checked_results(results, max_series=MAX_SERIES)
+        except ValueError:
+            raise self._not_prometheus() from None
 
 
 def open_client(url: str, *, config: PrometheusConfig | None = None, env: Mapping[str, str] = os.environ,

@@ -57,6 +57,7 @@ from gpuscope.core.serving.profiles import (
     plan,
     resolve,
 )
+from gpuscope.core.common.json_depth import nests_deeper
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.serving.promql import Matcher
 from gpuscope.core.common.redact import redact_text
@@ -199,6 +200,50 @@ def fleet_rows(growth: Sequence[dict], used: Sequence[dict]) -> tuple[FleetRow, 
     return tuple(rows)
 
 
+MAX_LABELS = 256  # labels of one series
+MAX_SAMPLES = 100_000  # samples of one series (a range query's steps: Prometheus refuses 11,000)
+MAX_TIME = 1e10  # seconds since the epoch, the year 2286: a later sample time is not one
+
+
+def checked_results(results: object, *, max_series: int = MAX_RESULTS, max_samples: int = MAX_SAMPLES) -> list[dict]:
+    """A query answer's `result`, each series checked to be shaped as Prometheus shapes it before
+    anything reads it: an object of string labels, and a `value` [time, "number"] or `values`
+    list of them, each time a finite number of seconds since 1970. Raises ValueError (a message
+    for the log, not the person) for anything else, and for more series or samples than asked."""
+    if not isinstance(results, list):
+        raise ValueError("the result is not a list")
+    if len(results) > max_series:
+        raise ValueError(f"{len(results):,} series")
+    for r in results:
+        if not isinstance(r, dict):
+            raise ValueError("a series is not an object")
+        labels = r.get("metric")
+        if (not isinstance(labels, dict) or len(labels) > MAX_LABELS
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
+            raise ValueError("a series' labels are not an object of strings")
+        if "value" in r:
+            _check_sample(r["value"])
+        if "values" in r:
+            values = r["values"]
+            if not isinstance(values, list) or len(values) > max_samples:
+                raise ValueError(f"a series' values are not a list of at most {max_samples:,}")
+            for sample in values:
+                _check_sample(sample)
+        if "value" not in r and "values" not in r:
+            raise ValueError("a series without a value")
+    return results
+
+
+def _check_sample(sample: object) -> None:
+    if not (isinstance(sample, list) and len(sample) == 2):
+        raise ValueError("a sample is not [time, value]")
+    t, value = sample
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_TIME:  # NaN fails too
+        raise ValueError("a sample's time is not a time")
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError("a sample's value is not a number's text")
+
+
 def _number(text: str) -> float | None:
     try:
         value = float(text)
@@ -293,7 +338,7 @@ class PrometheusCollector:
                 unreachable=False,
             )
         try:
-            answers, fleet = _split(results, queries)
+            answers, fleet = _split(checked_results(results), queries)
         except (KeyError, TypeError, ValueError, IndexError):
             raise self._not_prometheus() from None
         if resolved is None:
@@ -433,20 +478,3 @@ class _BoundedTransport(BaseAdapter):
 
     def close(self) -> None:
         pass  # no connection outlives its request
-
-
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_ONE_KIND = bytes.maketrans(b"{}", b"[]")
-
-
-def nests_deeper(text: bytes, depth: int) -> bool:
-    """Whether JSON `text` nests arrays and objects more than `depth` deep, found without parsing
-    it (json's parser recurses once a level): with the strings gone and only the brackets left,
-    each pass removes the innermost pairs, `[]`, one level."""
-    shape = _JSON_STRING.sub(b"", text).translate(_ONE_KIND, _NOT_BRACKETS)
-    for _ in range(depth):
-        if not shape:
-            return False
-        shape = shape.replace(b"[]", b"")
-    return bool(shape)
