@@ -3,9 +3,10 @@ over time, stopped early once what they see is clear."""
 
 from __future__ import annotations
 
+import math
 import os
-import time
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,11 +64,67 @@ def _grown(group: dict) -> dict | None:
     return {**group, "size": growth} if growth > 0 else None
 
 
+# What a tracker's reply may hold; the process sends it, so it is checked before any work on it.
+MAX_TRACK_POINTS = 3600  # held-bytes readings (one a second: an hour; a diagnosis tracks for minutes)
+MAX_FRAMES = 128  # frames of one allocation stack (the probe sends at most 64)
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _count(value: object) -> int:
+    """A byte or allocation count from the process: a finite number, else 0."""
+    number = _finite(value)
+    return int(number) if number is not None and abs(number) < 2**63 else 0
+
+
+def _frame(frame: object) -> list | None:
+    if not isinstance(frame, (list, tuple)) or len(frame) != 3:
+        return None
+    function, file, line = frame
+    if not isinstance(function, str) or not isinstance(file, str):
+        return None
+    return [function[:500], file[:4096], _count(line)]
+
+
+def _record(group: object, points: int) -> dict | None:
+    """One allocation stack of a tracker's reply, only with what the diagnosis reads, each value
+    of the type it reads it as (None: not a record)."""
+    if not isinstance(group, dict):
+        return None
+    frames = group.get("frames")
+    checked = {"frames": [f for f in map(_frame, frames[:MAX_FRAMES]) if f is not None] if isinstance(frames, list) else [],
+               "size": _count(group.get("size")), "count": _count(group.get("count"))}
+    held = group.get("held")
+    if isinstance(held, list) and len(held) == points:
+        checked["held"] = [_count(h) for h in held]
+    return checked
+
+
+def _track_times(values: object, who: str) -> tuple[float, ...]:
+    """The times a tracker read held bytes at; ProbeError where they are not a bounded list of
+    numbers."""
+    if values is None:
+        return ()
+    if not isinstance(values, list) or len(values) > MAX_TRACK_POINTS:
+        raise probe_client.ProbeError(f"{who} sent {len(values) if isinstance(values, list) else 'no list of'} "
+                                      f"reading times; gpuscope reads at most {MAX_TRACK_POINTS}")
+    times = [_finite(t) for t in values]
+    if any(t is None for t in times):
+        raise probe_client.ProbeError(f"{who} sent a reading time that is not a number")
+    return tuple(t for t in times if t is not None)
+
+
 def _tracked(reply: dict, pid: int, method: str, sees: str, *, growing: bool = False,
              planned: float | None = None, early: EarlyStop | None = None) -> Tracked:
     roots = pyspy.own_roots(pid)
-    groups = [g for g in reply.get("records") or () if isinstance(g, dict) and not _probes_own(g)]
-    times = tuple(float(t) for t in reply.get("times") or ())
+    times = _track_times(reply.get("times"), f"process {pid}'s probe")
+    records = reply.get("records")
+    records = records[:GROUPS] if isinstance(records, list) else []  # GROUPS were asked for
+    groups = [g for g in (_record(r, len(times)) for r in records) if g is not None and not _probes_own(g)]
     reported = reply.get("rss")
     rss = reported if isinstance(reported, dict) else {}
     cost = {"rss_before": rss.get("before"), "rss_tracking": rss.get("tracking"), "rss_after": rss.get("after"),
@@ -79,7 +136,7 @@ def _tracked(reply: dict, pid: int, method: str, sees: str, *, growing: bool = F
         live = [g for g in map(_grown, groups) if g is not None]
     else:
         live = [g for g in groups if int(g.get("size") or 0) > 0]
-    seen = len(groups) + max(0, int(reply.get("omitted") or 0))
+    seen = len(groups) + max(0, _count(reply.get("omitted")))
     return Tracked(suspects_from_records(group_records(live, "size"), roots, method),
                    times, sites_from_records(groups, times, roots) if times else (), cost, seen)
 
@@ -149,24 +206,30 @@ class EarlyStop:
 def _numbers(values: object, n: int) -> list[float | None] | None:
     if not isinstance(values, list) or len(values) != n:
         return None
-    return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values]
+    return [_finite(v) for v in values]
+
+
+MAX_PROGRESS_SITES = 10  # sites of a progress reply looked at (the probe sends its largest first)
 
 
 def settled_of(progress: dict) -> Settled | None:
     """`tracking_settled` over a probe's `track_progress` reply (the process's data: checked)."""
     raw_times = progress.get("times")
-    times = _numbers(raw_times, len(raw_times)) if isinstance(raw_times, list) else None
+    if not isinstance(raw_times, list) or len(raw_times) > MAX_TRACK_POINTS:
+        return None
+    times = _numbers(raw_times, len(raw_times))
     if not progress.get("tracking") or not times or any(t is None for t in times):
         return None
     n = len(times)
     sites = []
-    for site in progress.get("sites") or ():
+    listed = progress.get("sites")
+    for site in listed[:MAX_PROGRESS_SITES] if isinstance(listed, list) else ():
         held = _numbers(site.get("held"), n) if isinstance(site, dict) else None
         if held is not None:
             sites.append(("a site's held bytes", held))
     totals = [(name, held) for name, key in (("the heap in use", "heap"), ("the RSS", "rss"))
               if (held := _numbers(progress.get(key), n)) is not None and any(v is not None for v in held)]
-    return tracking_settled([t for t in times if t is not None], sites[:10], totals)
+    return tracking_settled([t for t in times if t is not None], sites, totals)
 
 
 def probe_memray_suspects(

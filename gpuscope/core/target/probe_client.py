@@ -34,11 +34,14 @@ from typing import Any
 import psutil
 
 from gpuscope import probe as _probe
+from gpuscope.core.common.json_depth import nests_deeper
+from gpuscope.core.common.printable import printable_line
 from gpuscope.errors import GpuscopeError
 
 CONNECT_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 10.0
 MAX_REPLY = 16 * 1024 * 1024
+MAX_REPLY_DEPTH = 16  # a probe's replies nest 5 deep (records, their frames, a frame)
 _NAME = re.compile(r"^probe-(\d+)\.sock$")
 
 
@@ -328,7 +331,7 @@ class ProbeClient:
         self.path = path
         self.pid = pid
         self.timeout = timeout
-        self._buffer = b""
+        self._buffer = bytearray()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(connect_timeout)
         try:
@@ -374,7 +377,10 @@ class ProbeClient:
             self.close()
             raise ProbeError(f"{who} has gone away (the process exited or stopped its probe)") from None
         deadline = time.monotonic() + (timeout or self.timeout)
-        while b"\n" not in self._buffer:
+        # Only what arrived is searched for the end of the line, and appended in place: a reply
+        # near MAX_REPLY costs one pass over it, not one per chunk.
+        end = self._buffer.find(b"\n")
+        while end < 0:
             if cancelled():
                 self.close()
                 raise ProbeError(f"cancelled: {op} in {who} was stopped")
@@ -392,19 +398,26 @@ class ProbeClient:
             if not chunk:
                 self.close()
                 raise ProbeError(f"{who} closed the connection before answering {op} (the process may have exited)")
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                end = len(self._buffer) + newline
             self._buffer += chunk
-            if len(self._buffer) > MAX_REPLY:
+            if (len(self._buffer) if end < 0 else end) > MAX_REPLY:
                 self.close()
                 raise ProbeError(f"{who} sent a reply over {MAX_REPLY} bytes to {op}")
-        raw, self._buffer = self._buffer.split(b"\n", 1)
+        raw = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        if nests_deeper(raw, MAX_REPLY_DEPTH):
+            raise ProbeError(f"{who} sent a reply to {op} nested more than {MAX_REPLY_DEPTH} deep")
         try:
             reply = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ProbeError(f"{who} sent something that is not JSON in reply to {op}") from None
         if not isinstance(reply, dict):
             raise ProbeError(f"{who} sent an unexpected reply to {op}")
         if not reply.get("ok"):
-            raise ProbeError(str(reply.get("error") or f"{op} failed in {who}"))
+            error = reply.get("error")
+            raise ProbeError(printable_line(error, 300) if isinstance(error, str) and error else f"{op} failed in {who}")
         result = reply.get("result")
         return result if isinstance(result, dict) else {}
 
