@@ -16,11 +16,11 @@ passed those checks, so they never meet a value that crashes them.
 from __future__ import annotations
 
 import bisect
+import errno
 import json
 import math
 import os
 import sqlite3
-import shutil
 import stat
 import tempfile
 from collections import Counter
@@ -31,6 +31,7 @@ from typing import Any
 
 from gpuscope.core.diagnosis.attribution import Attribution
 from gpuscope.core.common.atomic import kind_of
+from gpuscope.core.common.units import format_size
 from gpuscope.core.diagnosis.steps import Diagnosis
 from gpuscope.core.node.model import Frame, MemorySeries, ProcessRow
 from gpuscope.core.serving.model import ServingSnapshot, SignalPoint
@@ -374,11 +375,25 @@ def _ours_alone(path: Path) -> bool:
     return file.st_uid == me and folder.st_uid == me and not folder.st_mode & 0o022
 
 
+MAX_FOREIGN_BYTES = 4 << 30  # another user's recording copied to be read (a day's journal is far less)
+FREE_MARGIN_BYTES = 256 << 20  # left free where the copy goes (an eighth of a smaller disk)
+
+
 def _private_copy(path: Path, folder: Path) -> Path:
     """`path` and its write-ahead log (if it has one of the same owner) copied into `folder`,
-    opened without following links; what is not a regular file is not copied."""
+    opened without following links; what is not a regular file is not copied. What is copied is
+    bounded before the copy starts: the data it holds (holes stay holes) must fit in
+    MAX_FOREIGN_BYTES and in the free space of `folder`, less a margin; and no more
+    than the size it had then is read."""
     owner = path.stat().st_uid
     copy = folder / "recording"
+    budget = MAX_FOREIGN_BYTES
+    try:
+        fs = os.statvfs(folder)
+        reserve = min(FREE_MARGIN_BYTES, fs.f_blocks * fs.f_frsize // 8)
+        budget = min(budget, fs.f_bavail * fs.f_frsize - reserve)
+    except OSError:
+        pass
     for source, target in ((path, copy), (Path(f"{path}-wal"), Path(f"{copy}-wal"))):
         try:
             fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -394,9 +409,49 @@ def _private_copy(path: Path, folder: Path) -> Path:
                 if source == path:
                     raise RecordingError(f"{path}: is not a regular file")
                 continue
-            with open(target, "xb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+            held = min(st.st_size, st.st_blocks * 512)  # a sparse file holds less than its size
+            if held > budget:
+                raise RecordingError(
+                    f"{path}: is another user's recording holding {format_size(held)}; gpuscope reads such a "
+                    f"file from a private copy, and has room for {format_size(max(budget, 0))} in "
+                    f"{folder.parent}: copy it to a folder of yours and open that copy")
+            try:
+                with open(target, "xb") as dst:
+                    budget -= _copy_data(src.fileno(), dst.fileno(), st.st_size, budget)
+            except OSError as exc:
+                raise RecordingError(f"{path}: cannot copy it to read it: {exc.strerror or exc}") from None
     return copy
+
+
+def _copy_data(src: int, dst: int, size: int, allowed: int) -> int:
+    """The first `size` bytes of `src` into `dst`, holes left as holes (SEEK_DATA/SEEK_HOLE), and
+    how many were written; OSError(EFBIG) past `allowed` (holes filled in meanwhile)."""
+    offset = written = 0
+    while offset < size:
+        try:
+            start = os.lseek(src, offset, os.SEEK_DATA)
+            stop = min(os.lseek(src, start, os.SEEK_HOLE), size)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data after `offset`: the rest is a hole
+                break
+            start, stop = offset, size  # no hole support: copy it all
+        if start >= size:
+            break
+        os.lseek(src, start, os.SEEK_SET)
+        os.lseek(dst, start, os.SEEK_SET)
+        while start < stop:
+            chunk = os.read(src, min(1 << 20, stop - start))
+            if not chunk:  # cut short meanwhile
+                size = start
+                break
+            written += len(chunk)
+            if written > allowed:
+                raise OSError(errno.EFBIG, "it grew past the room there is for its copy")
+            os.write(dst, chunk)
+            start += len(chunk)
+        offset = stop
+    os.ftruncate(dst, size)
+    return written
 
 
 def _hardened(conn: sqlite3.Connection) -> sqlite3.Connection:
