@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuscope.core.leak.growth import theil_sen
 from gpuscope.core.leak import LeakAssessment
+from gpuscope.core.common.json_depth import nests_deeper
 from gpuscope.core.common.units import format_bytes
 from gpuscope.errors import UsageError
 
@@ -44,6 +47,8 @@ RESULT_SCHEMA = "gpuscope.check/1"
 DEFAULT_TOLERANCE_PCT = 3.0
 NOISE_FACTOR = 2.0  # a straight line through floors that scatter by e can rise ~e per round
 MAX_BASELINE_BYTES = 16 << 20
+MAX_BASELINE_ROUNDS = 10_000  # a check judges at most 1000 rounds (its warm-up rounds come first)
+MAX_BASELINE_DEPTH = 16  # a baseline nests 6 deep (rounds, a round, its sites, a site)
 SITES_PER_ROUND = 10  # allocation sites kept per round (largest first)
 SITES_SHOWN = 5
 MIN_SITE_EXCESS = 64 << 10  # a site must hold this much more per round than in the baseline to count
@@ -217,7 +222,14 @@ def load_baseline(path: str) -> Baseline:
     """Read and check a baseline file. BaselineError (one line) when it is missing, unreadable,
     not JSON, of another schema, or without the rounds a comparison needs."""
     try:
-        with open(path, "rb") as f:
+        # Without blocking: a FIFO or a device given as the baseline is refused, not waited on.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(mode):
+                raise BaselineError(f"baseline {path} is not a regular file")
             raw = f.read(MAX_BASELINE_BYTES + 1)
     except FileNotFoundError:
         raise BaselineError(
@@ -230,6 +242,8 @@ def load_baseline(path: str) -> Baseline:
     if len(raw) > MAX_BASELINE_BYTES:
         raise BaselineError(f"baseline {path} is over {MAX_BASELINE_BYTES >> 20} MiB: not a gpuscope baseline")
     try:
+        if nests_deeper(raw, MAX_BASELINE_DEPTH):
+            raise ValueError("nested deeper than a baseline")
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise BaselineError(
@@ -242,6 +256,10 @@ def load_baseline(path: str) -> Baseline:
         raise BaselineError(
             f"baseline {path} has {what}{hint}, expected {BASELINE_SCHEMA!r}: write one with --update-baseline"
         )
+    listed = data.get("rounds")
+    if isinstance(listed, list) and len(listed) > MAX_BASELINE_ROUNDS:
+        raise BaselineError(f"baseline {path} holds {len(listed):,} rounds; a check writes at most "
+                            f"{MAX_BASELINE_ROUNDS:,}: not a gpuscope baseline")
     try:
         rounds = tuple(Round.from_json(r) for r in data["rounds"])
         settings = data.get("settings") or {}
