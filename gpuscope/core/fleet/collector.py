@@ -402,10 +402,12 @@ def _node_processes(client: FleetClient, on_node: str) -> tuple[ProcessRow, ...]
         gpu = int(gpu_text) if gpu_text.isdigit() and len(gpu_text) < 4 else None
         row = rows.setdefault((int(pid_text), gpu), {"command": label(m.get("command"), COMMAND_CHARS)})
         row["gpu_growth" if m.get("memory") == "gpu" else "rss_growth"] = _number(r["value"][1])
+    # A GPU row takes its process's RSS growth from the row without a GPU: looked up, not searched
+    # for (an answer holds up to MAX_SERIES rows).
+    process_rss = {pid: row.get("rss_growth") for (pid, gpu), row in rows.items() if gpu is None}
     out = []
     for (pid, gpu), row in rows.items():
-        rss_growth = row.get("rss_growth", next((v.get("rss_growth") for (p, g), v in rows.items()
-                                                 if p == pid and g is None), None))
+        rss_growth = row.get("rss_growth", process_rss.get(pid))
         out.append(ProcessRow(pid=pid, user=None, gpu=gpu, gpu_memory_bytes=None, rss_bytes=None, cpu_percent=None,
                               command=row["command"], gpu_growth_bytes_per_s=row.get("gpu_growth"),
                               rss_growth_bytes_per_s=rss_growth))
