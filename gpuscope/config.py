@@ -63,21 +63,16 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 from gpuscope import theme_files
 from gpuscope.core.fleet.attach import check_attach_template
 from gpuscope.core.common.atomic import RefusedPath, read_regular
+from gpuscope.core.common.toml_text import parse_toml
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.settings import (
     ALERT_KEYS,
@@ -148,14 +143,6 @@ def load_config(path: Path | None = None, env: Mapping[str, str] = os.environ) -
         journal=_journal(shell, data.get("journal", {})),
         fleet=_fleet(shell, data.get("fleet", {})),
     )
-
-
-def parse_toml(text: str) -> dict[str, Any]:
-    """TOML, or ValueError with why not (tomllib recurses: thousands of nested arrays exhaust it)."""
-    try:
-        return tomllib.loads(text)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
 
 
 def positive_number(value: object) -> bool:

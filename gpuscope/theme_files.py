@@ -18,16 +18,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
 from gpuscope.core.common.atomic import RefusedPath, private_folder, read_regular, write_private
+from gpuscope.core.common.toml_text import parse_toml
 from gpuscope.folders import config_dir, state_dir
 from gpuscope.errors import UsageError
 
@@ -111,15 +106,15 @@ def _colour(value: object, where: str) -> str:
 
 def load_theme_file(path: Path) -> ThemeSpec:
     try:
-        data = tomllib.loads(read_regular(path, MAX_THEME_BYTES).decode("utf-8"))
+        text = read_regular(path, MAX_THEME_BYTES).decode("utf-8")
     except RefusedPath as exc:
         raise ThemeFileError(f"cannot use the theme file: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ThemeFileError(f"{path}: cannot read ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
+    try:
+        data = parse_toml(text)
+    except ValueError as exc:
         raise ThemeFileError(f"{path}: not valid TOML ({exc})") from None
-    except RecursionError:  # tomllib recurses: thousands of nested arrays exhaust it
-        raise ThemeFileError(f"{path}: not valid TOML (nested too deeply)") from None
     name = data.pop("name", path.stem)
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ThemeFileError(f"{path}: name must be letters, digits, '-', '_' or '.'")

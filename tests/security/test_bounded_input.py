@@ -458,3 +458,17 @@ def test_a_nodes_processes_from_prometheus_are_matched_in_linear_time():
 
     small, big = cpu_for(2_500), cpu_for(10_000)
     assert big < 9 * small, (small, big)
+
+
+def test_a_theme_file_of_a_key_in_many_parts_is_refused_in_bounded_work(tmp_path):
+    """64 KiB of `a.a.a... = 1` (a theme's size limit) took tomllib 9 s."""
+    theme = tmp_path / "long-key.toml"
+    theme.write_text("a" + ".a" * 32_000 + " = 1\n")
+    run = measured(f"""
+        from pathlib import Path
+        from gpuscope.theme_files import load_theme_file
+        def work():
+            return load_theme_file(Path({str(theme)!r}))
+    """)
+    assert_bounded(run)
+    assert run["result"].startswith("ThemeFileError: ") and "dotted key of more than 64 parts" in run["result"], run

@@ -44,6 +44,17 @@ def test_a_settings_file_nested_3000_deep_is_one_line_naming_it(tmp_path):
     assert line == f"gpuscope: {config}: not valid TOML: nested too deeply"
 
 
+@pytest.mark.parametrize("key", [
+    pytest.param("a" + ".a" * 500_000 + " = 1\n", id="dotted-key"),  # tomllib: over half an hour
+    pytest.param("[a" + ".a" * 500_000 + "]\n", id="table-header"),  # a table a million deep
+])
+def test_a_settings_file_of_a_key_in_a_million_parts_is_one_line_at_once(tmp_path, key):
+    config = tmp_path / "long-key.toml"
+    config.write_text(key)
+    line = one_line(gpuscope("--config", str(config), "config"), 2)
+    assert line == f"gpuscope: {config}: not valid TOML: a dotted key of more than 64 parts"
+
+
 def test_dev_zero_as_the_settings_file_is_refused_at_once():
     started = time.monotonic()
     line = one_line(gpuscope("--config", "/dev/zero", "config"), 2)

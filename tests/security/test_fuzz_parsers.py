@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuscope.core.common.json_depth import nests_deeper
+from gpuscope.core.common.toml_text import parse_toml
 from gpuscope.core.diagnosis._probe_trackers import _tracked, settled_of
 from gpuscope.core.fleet.collector import fleet_rows
 from gpuscope.core.gate.verdict import BaselineError, load_baseline
@@ -153,3 +154,15 @@ def test_a_baseline_file_loads_or_is_refused_in_one_line(tmp_path_factory, data)
         load_baseline(str(path))
     except BaselineError as exc:
         assert "\n" not in str(exc)
+
+
+TOML_CHARS = "ab1 .=[]{}\"',\n#-_"
+
+
+@FUZZ
+@given(st.text(TOML_CHARS, max_size=200))
+def test_a_settings_or_theme_text_parses_or_is_one_value_error(text):
+    try:
+        assert isinstance(parse_toml(text), dict)
+    except ValueError as exc:
+        assert str(exc)

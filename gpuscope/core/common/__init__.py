@@ -6,5 +6,6 @@
     units       how sizes, rates and durations read, everywhere
     atomic      files written at a person's word: regular, private, never half-written
     json_depth  how deep JSON from elsewhere nests, measured before it is parsed
+    toml_text   TOML of settings and theme files, parsed in bounded work
     poller      one reader thread per source, coalesced requests, a deadline on every read
 """
