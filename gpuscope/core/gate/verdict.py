@@ -32,12 +32,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuscope.core.leak.growth import theil_sen
 from gpuscope.core.leak import LeakAssessment
+from gpuscope.core.common.atomic import RefusedPath, read_regular
 from gpuscope.core.common.json_depth import nests_deeper
 from gpuscope.core.common.units import format_bytes
 from gpuscope.errors import UsageError
@@ -222,15 +222,11 @@ def load_baseline(path: str) -> Baseline:
     """Read and check a baseline file. BaselineError (one line) when it is missing, unreadable,
     not JSON, of another schema, or without the rounds a comparison needs."""
     try:
-        # Without blocking: a FIFO or a device given as the baseline is refused, not waited on.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            if stat.S_ISDIR(mode):
-                raise IsADirectoryError
-            if not stat.S_ISREG(mode):
-                raise BaselineError(f"baseline {path} is not a regular file")
-            raw = f.read(MAX_BASELINE_BYTES + 1)
+        if os.path.isdir(path):
+            raise IsADirectoryError
+        raw = read_regular(path, MAX_BASELINE_BYTES)  # a FIFO or a device is refused, not waited on
+    except RefusedPath as exc:
+        raise BaselineError(f"baseline {exc}") from None
     except FileNotFoundError:
         raise BaselineError(
             f"baseline {path} does not exist: write one from a known-good run with --update-baseline"
@@ -239,8 +235,6 @@ def load_baseline(path: str) -> Baseline:
         raise BaselineError(f"baseline {path} is a folder, not a file") from None
     except OSError as exc:
         raise BaselineError(f"cannot read baseline {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BASELINE_BYTES:
-        raise BaselineError(f"baseline {path} is over {MAX_BASELINE_BYTES >> 20} MiB: not a gpuscope baseline")
     try:
         if nests_deeper(raw, MAX_BASELINE_DEPTH):
             raise ValueError("nested deeper than a baseline")
