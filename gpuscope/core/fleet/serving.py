@@ -12,6 +12,7 @@ request at once and is answered within milliseconds, is never the oldest for lon
 from __future__ import annotations
 
 import socket
+import socketserver
 import ssl
 import threading
 import time
@@ -44,6 +45,13 @@ class MetricsServer(WSGIServer):
         self._open: dict[socket.socket, float] = {}  # by age: the oldest first
         self._open_lock = threading.Lock()
         super().__init__(address, _QuietHandler)
+
+    def server_bind(self) -> None:
+        # As HTTPServer's, without its reverse DNS lookup of the address (a node may have no DNS).
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
 
     def get_request(self) -> tuple[socket.socket, object]:
         conn, address = self.socket.accept()
