@@ -123,16 +123,17 @@ def _no_new_privileges() -> None:
 
 
 def run_as(owner: Owner | None, cmd: list[str], *, env: dict[str, str] | None = None, timeout: float,
-           limit: int = OUTPUT_LIMIT) -> subprocess.CompletedProcess | None:
+           limit: int = OUTPUT_LIMIT, pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess | None:
     """Run `cmd` as `popen_as` does and wait at most `timeout` seconds; at most `limit` bytes of
     each stream are kept. None if it could not start or did not finish in time (it is killed).
-    Without `env`, gpuscope's own environment (for gpuscope's own programs only)."""
+    Without `env`, gpuscope's own environment (for gpuscope's own programs only). `pass_fds`: open
+    descriptors the command gets."""
     if env is None:
         if owner is not None and not owner.is_me():
             raise ValueError("a command run for another user needs an environment of its own")
         env = dict(os.environ)
     try:
-        proc = popen_as(owner, cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = popen_as(owner, cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds)
     except (OSError, subprocess.SubprocessError, NotPermitted):
         return None
     deadline = time.monotonic() + timeout
