@@ -4,7 +4,7 @@ Headless: neither the console nor torch is imported. The node is sampled every -
 (console.refresh_s) with the leak thresholds of the settings' [alerts]; each scrape answers from
 the latest sample. Listens on 127.0.0.1:9835 unless told otherwise; with --tls-cert and
 --tls-key it serves HTTPS, and with --tls-client-ca as well it requires a client certificate
-signed by that CA (prometheus_client's own TLS support).
+signed by that CA. Reads, connections and their number are bounded (`core.fleet.serving`).
 """
 
 from __future__ import annotations
@@ -68,21 +68,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not node or len(node) > 253 or not node.isprintable():
         raise UsageError("--node-name must be 1 to 253 printable characters")
 
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
     from prometheus_client.process_collector import ProcessCollector
 
     from gpuscope.core.fleet.exporter import NodeAgent
+    from gpuscope.core.fleet.serving import serve_metrics, tls_context
 
+    try:
+        tls = tls_context(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    except (OSError, ssl.SSLError) as exc:
+        raise Failure(f"cannot serve on {args.listen}: {exc.strerror or exc}") from None
     agent = NodeAgent(node, interval=settings.refresh_s, thresholds=settings.thresholds)
     registry = CollectorRegistry()
     registry.register(agent.collector)
     ProcessCollector(namespace="gpuscope_exporter", registry=registry)  # its own CPU and memory
     try:
-        server, thread = start_http_server(
-            port, addr=host, registry=registry, certfile=args.tls_cert, keyfile=args.tls_key,
-            client_cafile=args.tls_client_ca, client_auth_required=bool(args.tls_client_ca),
-        )
-    except (OSError, ssl.SSLError) as exc:
+        server, thread = serve_metrics(host, port, registry, tls=tls)
+    except OSError as exc:
         raise Failure(f"cannot serve on {args.listen}: {exc.strerror or exc}") from None
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -28,14 +28,16 @@ from pathlib import Path
 
 from gpuscope.commands.common import pid
 from gpuscope.config import Settings
+from gpuscope.core.common.redact import without_own_secrets
 from gpuscope.errors import Failure, UsageError
 
 BOOT_DIR = Path(__file__).resolve().parent.parent / "_probe_boot"
 
 
 def launch_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
-    """The program's environment: the caller's, with the probe's start-up folder first on PYTHONPATH."""
-    env = dict(environ)
+    """The program's environment: the caller's less gpuscope's own credentials, with the probe's
+    start-up folder first on PYTHONPATH."""
+    env = without_own_secrets(environ)
     boot = str(BOOT_DIR)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
     env["PYTHONPATH"] = os.pathsep.join([boot, *rest])

@@ -59,6 +59,41 @@ def test_the_daemonset_runs_unprivileged_on_the_hosts_pids():
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
 
 
+def test_the_daemonset_shares_nothing_it_need_not_and_only_prometheus_reaches_it():
+    daemonset, _ = yaml.safe_load_all((DEPLOY / "kubernetes" / "daemonset.yaml").read_text())
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsUser"] not in (0, 65534) and pod["securityContext"]["runAsGroup"] != 65534
+    image = pod["containers"][0]["image"]
+    assert "@sha256:" in image and len(image.rsplit(":", 1)[1]) == 64
+    policy = yaml.safe_load((DEPLOY / "kubernetes" / "networkpolicy.yaml").read_text())
+    assert policy["kind"] == "NetworkPolicy"
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(daemonset).items()
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"} and policy["spec"]["egress"] == []
+    [rule] = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [9835] and rule["from"]  # someone in particular, not everyone
+
+
+def pod_labels(daemonset: dict) -> dict:
+    return daemonset["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_systemd_unit_is_confined():
+    lines = [ln.strip() for ln in (DEPLOY / "systemd" / "gpuscope-exporter.service").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    settings: dict[str, list[str]] = {}
+    for line in lines:
+        name, sep, value = line.partition("=")
+        if sep:
+            settings.setdefault(name, []).append(value)
+    assert "SupplementaryGroups" not in settings
+    assert int(settings["LimitNOFILE"][0]) >= 1024
+    for name, value in [("RestrictNamespaces", "yes"), ("ProtectKernelModules", "yes"), ("DevicePolicy", "closed"),
+                        ("NoNewPrivileges", "yes"), ("DynamicUser", "yes")]:
+        assert settings[name] == [value], name
+    assert settings["SystemCallFilter"] and all(a.startswith("char-nvidia") for a in settings["DeviceAllow"])
+
+
 def test_systemd_unit_verifies(tmp_path):
     analyze = require_tool("systemd-analyze")
     unit = (DEPLOY / "systemd" / "gpuscope-exporter.service").read_text()

@@ -156,6 +156,9 @@ class Allocator:
     def read(self):
         return ()
 
+    def close(self):
+        pass
+
 
 async def test_holding_down_over_the_table_records_no_extra_frames(tmp_path):
     host = Host()

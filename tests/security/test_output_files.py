@@ -21,7 +21,7 @@ import pytest
 
 from frames import T0, rows
 from frames import frame as make_frame
-from gpuscope.core.common.atomic import RefusedPath, _move_into_place, private_folder
+from gpuscope.core.common.atomic import RefusedPath, _move_into_place, open_folder, private_folder
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal, open_session_journal
 from helpers import gpuscope_cmd
@@ -172,9 +172,75 @@ def test_a_name_taken_while_writing_is_not_replaced(tmp_path):
     tmp = tmp_path / ".out.md.x.tmp"
     tmp.write_text("ours\n")
     target.write_text("theirs\n")
-    with pytest.raises(RefusedPath, match="exists"):
-        _move_into_place(str(tmp), target, replace=False)
+    folder = open_folder(tmp_path)
+    try:
+        with pytest.raises(RefusedPath, match="exists"):
+            _move_into_place(folder, tmp.name, target.name, replace=False, shown=target)
+    finally:
+        os.close(folder)
     assert target.read_text() == "theirs\n"
+
+
+@pytest.fixture
+def root_only(other_user):
+    """A folder only root may enter, beside the other user's, holding a file of root's."""
+    folder = Path(tempfile.mkdtemp(prefix="gpuscope-root-only-"))
+    folder.chmod(0o700)
+    (folder / "sub").mkdir()
+    for where in (folder / "report.md", folder / "sub" / "report.md"):
+        where.write_text("root's own data\n")
+        where.chmod(0o600)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("where", ["last folder", "folder on the way"])
+def test_another_users_link_to_a_root_only_folder_on_the_way_is_never_followed(other_user, root_only, recording,
+                                                                                where, force):
+    """The other user links a folder of its own to root's: `-o ITS_LINK/report.md` (or deeper) must
+    not land in root's folder, with or without --force."""
+    link = other_user.home / "out"
+    made = other_user.popen(["/bin/ln", "-s", str(root_only), str(link)])
+    assert made.wait(timeout=10) == 0
+    output = link / "report.md" if where == "last folder" else link / "sub" / "report.md"
+    done = gpuscope("report", str(recording), "-o", str(output), *(["--force"] if force else []))
+    line = one_line(done, 2)
+    assert "is a symbolic link another user" in line and "not followed" in line
+    for kept in (root_only / "report.md", root_only / "sub" / "report.md"):
+        assert kept.read_text() == "root's own data\n"
+    assert sorted(p.name for p in root_only.iterdir()) == ["report.md", "sub"]
+    assert sorted(p.name for p in (root_only / "sub").iterdir()) == ["report.md"]
+
+
+def test_root_own_links_in_folders_nobody_else_changes_are_followed(tmp_path, recording):
+    """/var/run -> /run: a link of root's, in a folder only root may change, leads where it says."""
+    real = tmp_path / "real"
+    real.mkdir()
+    os.symlink(real, tmp_path / "alias")
+    done = gpuscope("report", str(recording), "-o", str(tmp_path / "alias" / "report.md"))
+    assert done.returncode == 0, done.stderr
+    assert (real / "report.md").read_text().startswith("# gpuscope incident report")
+
+
+def test_a_write_through_a_folder_descriptor_stays_in_the_folder_it_opened(other_user, root_only):
+    """The folder is opened once: swapping it for a link to root's folder afterwards moves nothing."""
+    theirs = other_user.home / "out"
+    theirs.mkdir()
+    other_user.own(theirs)
+    folder = open_folder(theirs)
+    try:
+        swapped = other_user.popen(["/bin/sh", "-c", f"mv {theirs} {theirs}.old && ln -s {root_only} {theirs}"])
+        assert swapped.wait(timeout=10) == 0
+        tmp = ".report.md.x.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=folder)
+        os.write(fd, b"new\n")
+        os.close(fd)
+        _move_into_place(folder, tmp, "report.md", replace=True, shown=theirs / "report.md")
+    finally:
+        os.close(folder)
+    assert (root_only / "report.md").read_text() == "root's own data\n"
+    assert (other_user.home / "out.old" / "report.md").read_text() == "new\n"
 
 
 def test_the_journal_export_obeys_the_same_rule(tmp_path):

@@ -8,12 +8,14 @@ no record says 0: what ran of the target's, ran as the target's owner.
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,11 +106,15 @@ def test_the_injection_check_runs_the_targets_interpreter_only_as_its_owner(othe
     interpreter = introspection.target_interpreter(target.pid)
     assert interpreter.owner.uid == other_user.uid and interpreter.path.startswith(("/usr/", str(other_user.home)))
     introspection._SAFE_INJECTION.clear()
-    introspection.injection_problem(interpreter)  # the canary: a throwaway process of that interpreter
-    try:
-        inject.inject_probe(target.pid, anyway=True, timeout=5)
-    except inject.InjectRefused:
-        pass  # here gdb harms processes: refused; elsewhere the probe starts inside, as the target's user
+    problem = introspection.injection_problem(interpreter)  # the canary: a throwaway process of that interpreter
+    if problem is None:
+        # gdb calls into processes here: the injection runs to its end, and the probe starts inside.
+        injected = inject.inject_probe(target.pid, anyway=True, timeout=20)
+        assert injected.method == "gdb" and os.stat(injected.path).st_uid == other_user.uid
+    else:
+        # gdb harms processes here: refused for that reason, after every check of the target ran.
+        with pytest.raises(inject.InjectRefused, match="injection is unsafe on this machine"):
+            inject.inject_probe(target.pid, anyway=True, timeout=20)
     assert_never_as_root(other_user, before)
     assert target.poll() is None and psutil.Process(target.pid).status() != psutil.STATUS_STOPPED
 
@@ -233,3 +239,115 @@ def test_folders_left_by_a_killed_gpuscope_are_swept_without_following_links(oth
     assert privilege.sweep_stale_folders(str(tmp)) == [str(stale)]
     assert sorted(p.name for p in tmp.iterdir()) == sorted([live.name, planted.name, linked.name])
     assert (victim / "keep").read_text() == "precious"
+
+
+# -- processes that are not plainly their user's, or not Python ----------------------------------------
+
+SECRET_GROUP = "gpuscope-secret"
+
+
+def secret_group() -> int:
+    """A group of its own (like `shadow`): a file only it may read stands for /etc/shadow."""
+    try:
+        return grp.getgrnam(SECRET_GROUP).gr_gid
+    except KeyError:
+        pass
+    out = subprocess.run([shutil.which("groupadd") or "/usr/sbin/groupadd", SECRET_GROUP], capture_output=True,
+                         text=True)
+    if out.returncode not in (0, 9):  # 9: made meanwhile by a concurrent run
+        raise RuntimeError(f"groupadd failed: {out.stderr.strip()}")
+    return grp.getgrnam(SECRET_GROUP).gr_gid
+
+
+@pytest.fixture
+def root_folder():
+    """A folder of root's the other user may pass through (pytest's own tmp_path is root's alone)."""
+    folder = Path(tempfile.mkdtemp(prefix="gpuscope-root-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_setgid_python(other_user, tmp_path):
+    """The other user runs a setgid program (a copy of Python, group `SECRET_GROUP`, as an
+    administrator would install one) with argv[0] a script of its own named like a Python, which
+    copies the group's secret file wherever it runs with that group."""
+    gid = secret_group()
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    vault.chmod(0o755)
+    secret = vault / "shadow"
+    secret.write_text("root:$6$secret-hash\n")
+    os.chown(secret, 0, gid)
+    secret.chmod(0o640)
+    programs = tmp_path / "programs"
+    programs.mkdir()
+    programs.chmod(0o755)
+    setgid_python = programs / "python3"
+    shutil.copy(os.path.realpath(SYSTEM_PYTHON), setgid_python)
+    os.chown(setgid_python, 0, gid)
+    setgid_python.chmod(0o2755)
+    scripts = other_user.home / "bin"
+    scripts.mkdir()
+    other_user.own(scripts)
+    argv0 = scripts / "python3"
+    leaked = other_user.home / "leaked"
+    argv0.write_text(f"#!/bin/sh\ncat {secret} >> {leaked} 2>/dev/null\nid -g >> {other_user.home}/argv0-ran\nexit 1\n")
+    argv0.chmod(0o755)
+    other_user.own(argv0)
+    proc = other_user.popen([str(argv0), "-c", IDLE], executable=str(setgid_python), stdout=subprocess.PIPE, text=True)
+    assert privilege.read_until(proc.stdout, time.monotonic() + 20, line=True).strip() == "ready"
+    ids = {line.split(":")[0]: line.split()[1:] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+           if line.startswith(("Uid:", "Gid:"))}
+    assert ids["Gid"][:3] == [str(other_user.gid), str(gid), str(gid)]  # a real setgid process
+    return proc, leaked
+
+
+def test_a_setgid_programs_group_is_never_lent_to_its_users_files(other_user, root_folder):
+    target, leaked = start_setgid_python(other_user, root_folder)
+    with pytest.raises(privilege.NotPermitted, match="lent rights .*setuid or setgid"):
+        privilege.owner_of(target.pid)
+    with pytest.raises(allocations.AttachRefused, match="lent rights"):
+        allocations.check_attach(target.pid)
+    with pytest.raises(inject.InjectRefused, match="lent rights"):
+        inject.inject_probe(target.pid, anyway=True, timeout=5)
+    exe = os.readlink(f"/proc/{target.pid}/exe")
+    assert introspection.interpreter_version(exe, target.pid) is None
+    out = subprocess.run(gpuscope_cmd() + ["diagnose", "--pid", str(target.pid), "--duration", "5", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rungs = {r["method"]: r for r in json.loads(out.stdout)["steps"][6]["evidence"]["rungs"]}
+    assert "lent rights" in rungs["memray"]["detail"]
+    assert not leaked.exists() and not (other_user.home / "argv0-ran").exists()
+    assert target.poll() is None
+
+
+def test_a_file_run_for_the_owner_gains_nothing_from_its_setgid_bit(other_user, root_folder):
+    tmp_path = root_folder
+    gid = secret_group()
+    setgid_python = tmp_path / "python3"
+    shutil.copy(os.path.realpath(SYSTEM_PYTHON), setgid_python)
+    os.chown(setgid_python, 0, gid)
+    setgid_python.chmod(0o2755)
+    owner = privilege.Owner(other_user.uid, other_user.gid)
+    out = privilege.run_as(owner, [str(setgid_python), "-c", "import os; print(os.getegid())"], env={}, timeout=20)
+    assert out is not None and out.returncode == 0, out
+    assert int(out.stdout) == other_user.gid
+
+
+def test_a_process_that_is_not_python_has_none_of_its_files_run(other_user):
+    evil = other_user.home / "python3"
+    evil.write_text(f"#!/bin/sh\nid -u >> {other_user.home}/argv0-ran\nexit 1\n")
+    evil.chmod(0o755)
+    other_user.own(evil)
+    target = other_user.popen([str(evil), "600"], executable="/bin/sleep")
+    deadline = time.monotonic() + 20
+    while os.readlink(f"/proc/{target.pid}/exe") != os.path.realpath("/bin/sleep"):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with pytest.raises(allocations.AttachRefused, match="is not a Python interpreter"):
+        allocations.check_attach(target.pid)
+    with pytest.raises(inject.InjectRefused, match="not a Python"):
+        inject.inject_probe(target.pid, anyway=True, timeout=5)
+    assert not (other_user.home / "argv0-ran").exists()
+    assert target.poll() is None

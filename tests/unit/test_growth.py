@@ -97,6 +97,9 @@ def test_the_grow_column_is_the_leak_watch_s_reading():
         def read(self):
             return ()
 
+        def close(self):
+            pass
+
     class Watch(LeakWatch):
         def recent_growth(self, key, window_s):
             return 123456.0 if key == ("rss", 1000, 1.0) and window_s == 30.0 else None

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuscope.core.common.printable import printable
 
@@ -239,3 +239,14 @@ def redact_command(args: Sequence[str] | str) -> str:
 def _quote(arg: str) -> str:
     # Quote only where a reader would otherwise misread the boundaries; keep masks readable.
     return shlex.quote(arg) if arg == "" or any(c.isspace() for c in arg) else arg
+
+
+# gpuscope's own credentials in its environment: a user name travels with its password.
+_OWN_CREDENTIALS = frozenset({"GPUSCOPE_PROMETHEUS_USER"})
+
+
+def without_own_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less gpuscope's own credentials (GPUSCOPE_PROMETHEUS_TOKEN, ..._USER, ..._PASSWORD,
+    any GPUSCOPE_ variable with a secret name): a program gpuscope starts has no use for them."""
+    return {name: value for name, value in environ.items()
+            if not (name.startswith("GPUSCOPE_") and (name in _OWN_CREDENTIALS or is_secret_name(name)))}

@@ -3,6 +3,7 @@ its owner."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -15,9 +16,7 @@ from gpuscope.core.target import privilege
 
 from gpuscope.core.target import pyspy
 from gpuscope.core.common.printable import printable_line
-from gpuscope.core.diagnosis.attribution import (
-    counted_suspects_from_capture,
-)
+from gpuscope.core.diagnosis.attribution import suspects_from_records
 from gpuscope.core.target.stacks import Suspect
 from gpuscope.core.target.interpreter import Interpreter, injection_problem, python_version, run_python, target_interpreter
 from gpuscope.core.diagnosis._probe_trackers import _while_waiting
@@ -63,6 +62,10 @@ def check_attach(pid: int) -> Interpreter:
 
 MEMRAY_WINDOW_MAX_S = 30  # memray attach tracks at most this long: it stops by itself even if gpuscope is killed
 CAPTURE_LIMIT = 1 << 30  # bytes: a larger capture is not read
+READER_MEMORY = 4 << 30  # address space of the child that parses a capture
+READER_CPU_S = 60
+READER_TIMEOUT_S = 90.0
+READER_OUTPUT_LIMIT = 32 << 20  # its answer: at most 2,000 stacks of 32 frames
 
 
 def memray_cli() -> list[str]:
@@ -127,7 +130,8 @@ def _read_capture_counted(folder: privilege.SharedFolder, roots: Sequence[str]) 
     """The suspects of the capture the process wrote and how many allocation stacks still alive it
     holds, or None while it is not complete (an aggregated capture is written when tracking stops;
     until then it does not open). Read only as a regular file of the process's owner, never
-    through a link (AttachRefused otherwise)."""
+    through a link, and parsed by memray in a child process with the owner's rights and bounded
+    memory and time (`_capture_child`): AttachRefused otherwise, or when the reader fails."""
     try:
         opened = folder.read_owned("capture.bin", CAPTURE_LIMIT)
     except OSError as exc:
@@ -136,8 +140,35 @@ def _read_capture_counted(folder: privilege.SharedFolder, roots: Sequence[str]) 
         return None
     fd, _ = opened
     try:
-        return counted_suspects_from_capture(f"/proc/self/fd/{fd}", roots)
-    except OSError:
-        return None
+        owner = folder.owner
+        out = privilege.run_as(
+            None,
+            [sys.executable, "-I", "-m", "gpuscope.core.diagnosis._capture_child", str(fd), str(owner.uid),
+             str(owner.gid), ",".join(map(str, owner.groups)), str(READER_MEMORY), str(READER_CPU_S)],
+            timeout=READER_TIMEOUT_S, limit=READER_OUTPUT_LIMIT, pass_fds=(fd,),
+        )
     finally:
         os.close(fd)
+    if out is None:
+        raise AttachRefused(f"memray's reader did not finish with the capture within {READER_TIMEOUT_S:g} s")
+    if out.returncode != 0:
+        said = out.stderr.strip().splitlines()[-1:] or [f"exit status {out.returncode}"]
+        how = f"killed by signal {-out.returncode}" if out.returncode < 0 else printable_line(said[0])
+        raise AttachRefused(f"memray's reader failed on the capture ({how}): the capture is damaged or crafted")
+    return _records_read(out.stdout, roots)
+
+
+def _records_read(text: str, roots: Sequence[str]) -> tuple[tuple[Suspect, ...], int] | None:
+    """What the reader said, checked field by field (it ran as the capture's owner)."""
+    try:
+        said = json.loads(text)
+        if not said["complete"]:
+            return None
+        stacks = int(said["stacks"])
+        records = [
+            (tuple((str(fn), str(file), int(line)) for fn, file, line in frames), int(size), int(count))
+            for frames, size, count in said["records"]
+        ]
+    except (ValueError, TypeError, KeyError):
+        raise AttachRefused("memray's reader gave no usable answer for the capture") from None
+    return suspects_from_records(records, roots), stacks

@@ -52,7 +52,7 @@ from gpuscope.core.serving.exposition import Endpoint, Exposition
 from gpuscope.core.gate.verdict import SITES_PER_ROUND, CheckRun, Memory, Round, Site
 from gpuscope.core.leak import LeakThresholds, LeakWatch
 from gpuscope.core.common.poller import Poller, Reading
-from gpuscope.core.common.redact import redact_command
+from gpuscope.core.common.redact import redact_command, without_own_secrets
 from gpuscope.core.serving.model import SourceError
 
 if TYPE_CHECKING:
@@ -605,7 +605,7 @@ def _round(service: Service, plan: Plan, number: int, expected: float | None, me
     try:
         if plan.load:
             load = subprocess.Popen(["/bin/sh", "-c", plan.load], stdin=subprocess.DEVNULL, stdout=load_output,
-                                    stderr=load_output, start_new_session=True)
+                                    stderr=load_output, start_new_session=True, env=without_own_secrets(os.environ))
             exited = _ExitWatch(load.pid)
         busy_until = None if plan.load else started + plan.round_s - plan.settle_s
         quiet_until: float | None = None

@@ -172,6 +172,7 @@ class NodeSource:
             self._ticker.join(1.0)
         self._nvml.close()
         self._host.close()
+        self._allocator.close()
 
     def select(self, pid: int | None) -> None:
         self._selected = pid

@@ -80,10 +80,13 @@ def python_version_of(pid: int) -> tuple[int, int] | None:
 def interpreter_version(exe: str, pid: int) -> str | None:
     """The full version ("3.11.9") from the interpreter binary itself (a short timeout). The
     binary is the process owner's to choose (a copy beside a pyvenv.cfg runs that user's .pth
-    files), so it runs only with that owner's rights."""
+    files), so it runs only with that owner's rights, and only if its file name is a Python's (the
+    process's name is the process's to set)."""
+    if not is_python(None, exe):
+        return None
     try:
         owner = privilege.owner_of(pid)
-    except (OSError, ValueError):
+    except (OSError, ValueError, privilege.NotPermitted):
         return None
     out = privilege.run_as(owner, [exe, "-c", "import platform; print(platform.python_version())"],
                            env={"PATH": privilege.SAFE_PATH, "PYTHONNOUSERSITE": "1"}, timeout=3)
@@ -110,19 +113,26 @@ def target_interpreter(pid: int) -> Interpreter:
 
     argv[0] is preferred to /proc/PID/exe: a virtualenv's python resolves to the base interpreter,
     which would not see the venv's packages. argv[0] is whatever the process set, so it (and its
-    environment) are run only as the process's owner (`gpuscope.core.target.privilege`). Only the
-    variables that decide imports are taken from the target's environment (it may hold secrets).
+    environment) are run only as the process's owner (`gpuscope.core.target.privilege`), and only
+    when its file name is a Python's. Only the variables that decide imports are taken from the
+    target's environment (it may hold secrets). A process that is not Python, or runs with lent
+    rights (setuid, setgid), is refused before anything of it runs.
     Raises psutil errors, privilege.NotPermitted.
     """
     proc = psutil.Process(pid)
     args = proc.cmdline()
     exe = proc.exe()
+    if python_version_of(pid) is None:
+        raise privilege.NotPermitted(
+            f"process {pid} ({printable_line(proc.name())}) is not a Python interpreter: gpuscope runs none of its files"
+        )
     try:
         owner = privilege.owner_of(pid)
     except (OSError, ValueError):
         raise psutil.NoSuchProcess(pid) from None
     privilege.require_can_act_as(owner, pid)
-    python = args[0] if args and os.path.isabs(args[0]) and os.access(args[0], os.X_OK) else exe
+    named_python = bool(args) and os.path.isabs(args[0]) and is_python(None, args[0])
+    python = args[0] if named_python and os.access(args[0], os.X_OK) else exe
     env = {"PATH": privilege.SAFE_PATH}
     try:
         theirs = proc.environ()

@@ -6,7 +6,10 @@ debugger harm a process of it), and everything in such a command belongs to the 
 the interpreter path (argv[0] is whatever the process set, `exec -a` makes it any file), the
 PYTHONPATH with its `sitecustomize.py`, the `.pth` files of its site-packages. So these commands
 run as that owner — its uid, gid and supplementary groups — with a clean environment, in "/", in a
-session of their own (no controlling terminal to type into), with bounded time and output. A
+session of their own (no controlling terminal to type into), with bounded time and output, and
+with no new privileges (a setuid or setgid file they execute gains nothing). The owner is the
+process's real uid and gid; a process running a setuid or setgid program (its real, effective and
+saved ids differ) holds rights it was lent, and nothing is run on its behalf. A
 gpuscope that is not root cannot become another user: it refuses instead (`NotPermitted`).
 
 Folders shared with a target (a capture it writes, a script it reads) are two levels: a private
@@ -20,6 +23,7 @@ removed by the next one (`sweep_stale_folders`), without following links.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import re
@@ -38,6 +42,8 @@ from gpuscope.errors import Failure
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 OUTPUT_LIMIT = 64 * 1024  # bytes kept of each stream of a command run for a target
 MAX_SWEEP_NAMES = 100_000  # entries of the temporary folder looked at by one sweep
+_PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child between fork and exec only calls it
 _FOLDER = re.compile(r"^gpuscope-(memray|inject)-(\d+)-")
 
 
@@ -58,22 +64,31 @@ class Owner:
 
 
 def owner_of(pid: int) -> Owner:
-    """The owner of process `pid`, from /proc/PID/status. Where its real and effective ids differ
-    and one is root, the other one: the rights that cannot be more than the process's own."""
+    """The owner of process `pid`, from /proc/PID/status: its real uid and gid, and its groups.
+
+    A process whose real, effective, saved and filesystem ids are not all the same runs a setuid or
+    setgid program: it holds rights its user was lent (a setgid program's group may read files the
+    user may not), so nothing is run on its behalf at all (NotPermitted). Raises ProcessLookupError
+    when the process is gone."""
     fields: dict[str, list[int]] = {}
     with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
         for line in f.read(64 * 1024).splitlines():
             name, _, rest = line.partition(":")
             if name in ("Uid", "Gid", "Groups"):
-                fields[name] = [int(v) for v in rest.split()]
-    if "Uid" not in fields or "Gid" not in fields:
+                try:
+                    fields[name] = [int(v) for v in rest.split()]
+                except ValueError:
+                    raise ProcessLookupError(pid) from None
+    if len(fields.get("Uid", ())) != 4 or len(fields.get("Gid", ())) != 4:
         raise ProcessLookupError(pid)
-
-    def lesser(ids: list[int]) -> int:
-        real, effective = ids[0], ids[1]
-        return effective if effective != 0 else real
-
-    return Owner(lesser(fields["Uid"]), lesser(fields["Gid"]), tuple(fields.get("Groups", ())))
+    for kind in ("Uid", "Gid"):
+        if len(set(fields[kind])) != 1:
+            real, effective, saved, _ = fields[kind]
+            raise NotPermitted(
+                f"process {pid} runs with lent rights (real {kind.lower()} {real}, effective {effective}, saved "
+                f"{saved}: a setuid or setgid program): gpuscope runs nothing on its behalf"
+            )
+    return Owner(fields["Uid"][0], fields["Gid"][0], tuple(fields.get("Groups", ())))
 
 
 def require_can_act_as(owner: Owner, pid: int) -> None:
@@ -91,6 +106,8 @@ def popen_as(owner: Owner | None, cmd: list[str], *, env: dict[str, str], **kwar
     in a new session, with exactly `env`. Raises NotPermitted, OSError."""
     kwargs.update(env=env, cwd="/", start_new_session=True, close_fds=True)
     kwargs.setdefault("stdin", subprocess.DEVNULL)
+    if owner is not None:
+        kwargs["preexec_fn"] = _no_new_privileges
     if owner is not None and not owner.is_me():
         if os.geteuid() != 0:
             raise NotPermitted(f"gpuscope runs as uid {os.geteuid()} and cannot run a command as uid {owner.uid}")
@@ -98,17 +115,25 @@ def popen_as(owner: Owner | None, cmd: list[str], *, env: dict[str, str], **kwar
     return subprocess.Popen(cmd, **kwargs)
 
 
+def _no_new_privileges() -> None:
+    """In the child, before exec: a setuid or setgid file it executes gains nothing (the owner's
+    interpreter may be such a copy), and neither does anything that runs after it."""
+    if _PRCTL(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        os._exit(126)  # never run the owner's file without it
+
+
 def run_as(owner: Owner | None, cmd: list[str], *, env: dict[str, str] | None = None, timeout: float,
-           limit: int = OUTPUT_LIMIT) -> subprocess.CompletedProcess | None:
+           limit: int = OUTPUT_LIMIT, pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess | None:
     """Run `cmd` as `popen_as` does and wait at most `timeout` seconds; at most `limit` bytes of
     each stream are kept. None if it could not start or did not finish in time (it is killed).
-    Without `env`, gpuscope's own environment (for gpuscope's own programs only)."""
+    Without `env`, gpuscope's own environment (for gpuscope's own programs only). `pass_fds`: open
+    descriptors the command gets."""
     if env is None:
         if owner is not None and not owner.is_me():
             raise ValueError("a command run for another user needs an environment of its own")
         env = dict(os.environ)
     try:
-        proc = popen_as(owner, cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = popen_as(owner, cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds)
     except (OSError, subprocess.SubprocessError, NotPermitted):
         return None
     deadline = time.monotonic() + timeout

@@ -214,9 +214,12 @@ def probe_path(pid: int) -> str | None:
 
 def _check(folder_fd: int, name: str, pid: int | None) -> str:
     """"live" (process `pid`, or anyone if None, listens there), "stale" (nobody listens: the socket
-    is removed), "other" (someone else listens: left alone) or "unknown" (busy, or forbidden)."""
+    is removed), "other" (someone else listens: left alone) or "unknown" (busy, or forbidden).
+
+    Never waits: a local socket's connect completes at once or fails at once (EAGAIN when its
+    queue is full), so a listener that never accepts cannot slow a listing."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(CONNECT_TIMEOUT_S)
+    sock.setblocking(False)
     try:
         sock.connect(f"/proc/self/fd/{folder_fd}/{name}")
         if pid is None:
