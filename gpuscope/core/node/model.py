@@ -65,6 +65,7 @@ class HostProcess:
     rss_bytes: int | None
     cpu_percent: float | None
     is_python: bool
+    private_bytes: int | None = None  # resident less shared pages (None: unknown, the RSS stands for it)
 
 
 @dataclass(frozen=True, slots=True)
