@@ -167,3 +167,34 @@ def test_a_process_younger_than_its_warm_up_raises_no_alert():
         if expected == "inconclusive":
             assert "warming up" in a.reason
 
+
+
+@pytest.mark.timeout(180)
+def test_the_diagnosis_of_a_young_grower_says_it_is_warming_up_and_once_it_exits_that_it_was_a_run(spawn_python):
+    from gpuscope.core.diagnosis.recorded import source_evidence
+    from gpuscope.core.diagnosis.steps import diagnose
+
+    run = spawn_python(RUN, "300")
+    source = NodeSource(interval=0.5, focus_pid=run.pid, thresholds=THRESHOLDS)
+    source.start(lambda f: None)
+    try:
+        def judged(exited: bool):
+            ev = source_evidence(source, run.pid, 60.0)
+            if ev.exited != exited or len(ev.rss.known()) < 20:
+                return None
+            d = diagnose(ev, THRESHOLDS)
+            # Judged once the growth is clear: a leak by the rates alone (or said to be a warm-up).
+            return d if d.verdict == "leak" or "warming up" in d.steps[5].finding or exited else None
+
+        # Young, growing fast: its growth began in its first seconds.
+        young = wait_until(lambda: judged(False), timeout=60, interval=0.5, what="a diagnosis of the young run")
+        assert young.verdict == "inconclusive", young.to_text()
+        assert "warming up" in young.steps[5].finding and "a host-side leak" not in young.steps[1].finding
+        run.kill()
+        run.wait(timeout=10)
+        # Gone after a short life: its growth ended with it.
+        ended = wait_until(lambda: judged(True), timeout=30, interval=0.5, what="a diagnosis once the run exited")
+        assert ended.verdict == "no-leak", ended.to_text()
+        assert "ended with the process" in ended.steps[5].finding
+    finally:
+        source.stop()

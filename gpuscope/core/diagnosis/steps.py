@@ -26,7 +26,8 @@ from gpuscope.core.diagnosis.evidence import (
     evidence_lines,
 )
 from gpuscope.core.leak.growth import floor_growth, theil_sen
-from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend, kendall_tau
+from gpuscope.core.leak import (HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, as_warming_up, assess, ended_run,
+                                 held_trend, kendall_tau, warming_up)
 from gpuscope.core.common.markdown import md_code, md_text
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.serving.profiles import is_model_stage, model_stages
@@ -93,6 +94,7 @@ class Evidence:
     # memory is in the RSS samples taken meanwhile, which the memory trend leaves out.
     instrumented: tuple[tuple[float, float], ...] = ()
     ended_at: float | None = None  # wall clock of time 0 on the clock of the series (the window's end)
+    started_at: float | None = None  # wall clock of the process's start, where known
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,9 +303,22 @@ def step_device(ev: Evidence, th: LeakThresholds) -> tuple[Step, LeakAssessment 
     return Step(1, title, OK, f"GPU{d.index} memory is {a.pattern}: {a.reason}.", evidence=evidence), a
 
 
+def lived(ev: Evidence, a: LeakAssessment | None, series: Series) -> LeakAssessment | None:
+    """A process's age and life count, as in the live watch: a leak that began in its first
+    seconds is a warm-up until it has lasted as long again; one that ended with a short-lived
+    process (an install, a test run) is that run's, not a leak."""
+    if a is None or not a.is_leak or ev.started_at is None or ev.ended_at is None:
+        return a
+    started = ev.started_at - ev.ended_at  # on the series' clock (0: the window's end)
+    if ev.exited and series.times:
+        life = series.times[-1] - started
+        return as_ended_run(a, life) if ended_run(life) else a
+    return as_warming_up(a, started, 0.0) if warming_up(started, a.since, 0.0) else a
+
+
 def step_host(ev: Evidence, th: LeakThresholds, gpu: LeakAssessment | None) -> tuple[Step, LeakAssessment | None]:
     title = TITLES[1]
-    a = _assess(ev.rss, th)
+    a = lived(ev, _assess(ev.rss, th), ev.rss)
     evidence = {"assessment": a.to_json() if a else None}
     if a is None:
         return Step(2, title, SKIPPED, "skipped: too few samples of the process's RSS.", evidence=evidence), None
@@ -653,7 +668,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     device_step, device_assessment = step_device(ev, thresholds)
     gpu_assessment = None
     if ev.gpu is not None and ev.gpu.known():
-        gpu_assessment = _assess(ev.gpu, thresholds, allocated=ev.allocated, reserved=ev.reserved)
+        gpu_assessment = lived(ev, _assess(ev.gpu, thresholds, allocated=ev.allocated, reserved=ev.reserved), ev.gpu)
     rss, note = uninstrumented(ev.rss, ev.instrumented)
     host_step, rss_assessment = step_host(replace(ev, rss=rss), thresholds, gpu_assessment)
     if rss_assessment is not None and rss_assessment.growth_bytes_per_s is None and len(rss.known()) >= 4:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from gpuscope.core.leak.growth import floor_growth
 from gpuscope.core.leak._assessment import LeakAssessment, LeakThresholds
 from gpuscope.core.leak._sketch import FloorSketch
+from gpuscope.core.leak._life import SERVICE_LIFE_S, WARMUP_S, as_ended_run, as_warming_up, ended_run, warming_up
 from gpuscope.core.leak._analysis import _View, _finish, _judge, _with_torch
 
 
@@ -101,8 +102,8 @@ class LeakWatch:
     confirm_s: float = 3.0
     max_series: int = 2048  # as SeriesStore's: a big node's every process keeps its verdict
     forget_after_s: float = 60.0
-    warmup_s: float = 20.0
-    service_life_s: float = 600.0
+    warmup_s: float = WARMUP_S
+    service_life_s: float = SERVICE_LIFE_S
     _series: dict[Hashable, _Watched] = field(default_factory=dict, init=False, repr=False, compare=False)
     _born: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -199,9 +200,9 @@ class LeakWatch:
                 young = a.since is not None and now - a.since < 3 * self.thresholds.fast_duration_s
                 if young and now - s.pending[0] < self.confirm_s:
                     a = replace(a, verdict="inconclusive", reason=f"{a.reason}; confirming")
-            if a.verdict == "leak" and not raised and s.started is not None and self._warming_up(s.started, a, now):
-                a = replace(a, verdict="inconclusive",
-                            reason=f"{a.reason}; warming up: the process started {max(0.0, now - s.started):.0f} s ago")
+            if a.verdict == "leak" and not raised and s.started is not None and warming_up(s.started, a.since, now,
+                                                                                       self.warmup_s):
+                a = as_warming_up(a, s.started, now)
             if raised and previous is not None and a.verdict == "inconclusive":
                 # Hysteresis: a raised alert is held while the readings are inconclusive (the rate
                 # dipping under the alert rate, a jump too recent to judge), rather than flickering;
@@ -216,13 +217,6 @@ class LeakWatch:
                 s.raised_at = None
         return self.alerts()
 
-    def _warming_up(self, started: float, a: LeakAssessment, now: float) -> bool:
-        """Growth that began in the process's first `warmup_s` seconds, while the process is not yet
-        twice that old: as long again as the warm-up, to see whether it stops."""
-        age = now - started
-        began = a.since - started if a.since is not None else age
-        return age < self.warmup_s or (began < self.warmup_s and age < 2 * self.warmup_s)
-
     def _ended(self, s: _Watched) -> None:
         """A raised alert whose process has gone: withdrawn when the process lived too short a
         life to be a service (its growth was a run's, ended with it)."""
@@ -230,11 +224,9 @@ class LeakWatch:
         if s.started is None or a is None or s.fed_at is None:
             return
         life = s.fed_at - s.started
-        if life >= self.service_life_s:
+        if not ended_run(life, self.service_life_s):
             return
-        s.assessment = replace(a, verdict="no-leak", reason=(
-            f"its growth ended with the process, which lived {max(0.0, life):.0f} s: "
-            f"a run or a warm-up, not a leak ({a.reason})"))
+        s.assessment = as_ended_run(a, life)
         s.raised_at = None
         s.pending = None
 

@@ -483,6 +483,7 @@ class NodeSource:
             rss_bytes=tuple(_none_if_nan(v) for v in rss),
             allocated_bytes=aligned["alloc"],
             reserved_bytes=aligned["resv"],
+            started=create_time,
         )
 
 

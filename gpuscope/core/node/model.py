@@ -137,6 +137,7 @@ class MemorySeries:
     rss_bytes: tuple[float | None, ...]
     allocated_bytes: tuple[float | None, ...] = ()
     reserved_bytes: tuple[float | None, ...] = ()
+    started: float | None = None  # wall-clock time the process started, where known
 
 
 @dataclass(frozen=True, slots=True)
