@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from gpuscope.core.fleet.exporter import NodeAgent
 from gpuscope.core.leak import LeakThresholds, LeakWatch
 from gpuscope.core.node.live import MAX_PYTHON_ROWS, NodeSource
 
@@ -92,34 +93,38 @@ def test_a_leaking_service_among_idle_pythons_warm_ups_and_a_shared_buffer(spawn
         sharing = [spawn_python(SHARED, path) for _ in range(3)]
         leaking = spawn_python(LEAKING)
         warming = spawn_python(WARMING_UP)
-        frames = []
-        watch = LeakWatch(thresholds=THRESHOLDS)
-        source = NodeSource(interval=0.5, thresholds=THRESHOLDS, watch=watch)
-        source.start(lambda f: frames.__setitem__(slice(None), [f]))  # the latest only
+        # Read through the exporter, as a fleet reads the node.
+        agent = NodeAgent("node", interval=0.5, thresholds=THRESHOLDS)
+        source, watch = agent.source, agent.watch
+        agent.start()
         try:
             def listed(pid: int) -> bool:
-                return bool(frames) and any(r.pid == pid for r in frames[-1].processes)
+                frame = source.latest_frame()[0]
+                return frame is not None and any(r.pid == pid for r in frame.processes)
 
             # Not among the largest Pythons (25 idle ones are larger), yet kept in detail: it grows.
             wait_until(lambda: listed(leaking.pid), timeout=30, interval=0.2, what="the leaking service in the table")
-            wait_until(lambda: leaking.pid in alerting(frames[-1]), timeout=120, interval=0.2,
-                       what="the leaking service's alert")
-            frame = frames[-1]
+            wait_until(lambda: exported(agent, "gpuscope_process_leak", leaking.pid) == [1.0], timeout=120,
+                       interval=0.5, what="the leaking service's alert, exported")
+            frame = source.latest_frame()[0]
             others = {p.pid for p in (*idle, *sharing, warming)}
             groups = {**{p.pid: "idle" for p in idle}, **{p.pid: "sharing" for p in sharing}, warming.pid: "warming"}
             assert not alerting(frame) & others, [(groups.get(a.pid), a.reason) for a in frame.alerts]
             # The warm-up is over (15 s of growth, then flat): judged, and not a leak.
             warm = watch.assessment(("rss", warming.pid, _start(source, warming.pid)))
             assert warm is not None and warm.verdict != "leak", warm
+            assert exported(agent, "gpuscope_process_leak", warming.pid) in ([], [0.0])
             # Each process touching the shared buffer grew in RSS, not in private memory.
             rows = {r.pid: r for r in frame.processes}
             for p in sharing:
                 row = rows.get(p.pid)
                 assert row is None or (row.rss_growth_bytes_per_s or 0) < 1 * MB, row
-            seen = source.last_host
-            assert seen is not None and {p.pid for p in (*idle, *sharing, leaking, warming)} <= seen.visible
+            # Every process is counted as seen, not only those in detail.
+            seen = exported(agent, "gpuscope_exporter_processes", None, state="seen")
+            in_detail = {r.pid for r in frame.processes}
+            assert seen and seen[0] >= len(idle) + len(sharing) + 2 and seen[0] > len(in_detail), (seen, len(in_detail))
         finally:
-            source.stop()
+            agent.stop()
     finally:
         os.unlink(path)
 
@@ -146,6 +151,14 @@ def test_growth_that_ends_with_its_process_is_not_a_leak(spawn_python):
         assert "ended with the process" in watch.assessment(("rss", run.pid, start)).reason
     finally:
         source.stop()
+
+
+def exported(agent: NodeAgent, family: str, pid: int | None, **labels: str) -> list[float]:
+    """The values of one metric family the exporter would serve now, for one process."""
+    return [sample.value for metric in agent.collector.collect() if metric.name == family
+            for sample in metric.samples
+            if (pid is None or sample.labels.get("pid") == str(pid))
+            and all(sample.labels.get(k) == v for k, v in labels.items())]
 
 
 def _start(source: NodeSource, pid: int) -> float | None:
