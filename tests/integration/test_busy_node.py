@@ -3,7 +3,9 @@
 The node's other processes are whatever else runs on the machine; each test finds its own by the
 PIDs it started, and asks only about those."""
 
+import json
 import os
+import subprocess
 
 import pytest
 
@@ -11,7 +13,7 @@ from gpuscope.core.fleet.exporter import NodeAgent
 from gpuscope.core.leak import LeakThresholds, LeakWatch
 from gpuscope.core.node.live import MAX_PYTHON_ROWS, NodeSource
 
-from helpers import wait_until
+from helpers import gpuscope_cmd, wait_until
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="private memory as Linux's /proc gives it")
 
@@ -104,6 +106,10 @@ def test_a_leaking_service_among_idle_pythons_warm_ups_and_a_shared_buffer(spawn
 
             # Not among the largest Pythons (25 idle ones are larger), yet kept in detail: it grows.
             wait_until(lambda: listed(leaking.pid), timeout=30, interval=0.2, what="the leaking service in the table")
+            # `ps` lists it too: every process with memory.
+            ps = subprocess.run([*gpuscope_cmd(), "ps", "--json"], capture_output=True, text=True, timeout=60)
+            assert ps.returncode == 0, ps.stderr
+            assert {leaking.pid, *(p.pid for p in idle)} <= {row["pid"] for row in json.loads(ps.stdout)}
             wait_until(lambda: exported(agent, "gpuscope_process_leak", leaking.pid) == [1.0], timeout=120,
                        interval=0.5, what="the leaking service's alert, exported")
             frame = source.latest_frame()[0]
@@ -196,13 +202,12 @@ def test_the_diagnosis_of_a_young_grower_says_it_is_warming_up_and_once_it_exits
             if ev.exited != exited or len(ev.rss.known()) < 20:
                 return None
             d = diagnose(ev, THRESHOLDS)
-            # Judged once the growth is clear: a leak by the rates alone (or said to be a warm-up).
-            return d if d.verdict == "leak" or "warming up" in d.steps[5].finding or exited else None
+            return d if d.verdict == "leak" or exited else None  # judged once the growth is clear
 
-        # Young, growing fast: its growth began in its first seconds.
+        # Young, growing fast from its first seconds: a leak by the rates, and said to be maybe a warm-up.
         young = wait_until(lambda: judged(False), timeout=60, interval=0.5, what="a diagnosis of the young run")
-        assert young.verdict == "inconclusive", young.to_text()
-        assert "warming up" in young.steps[5].finding and "a host-side leak" not in young.steps[1].finding
+        assert young.verdict == "leak", young.to_text()
+        assert "warming up" in young.steps[5].finding, young.to_text()
         run.kill()
         run.wait(timeout=10)
         # Gone after a short life: its growth ended with it.

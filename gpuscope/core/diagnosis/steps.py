@@ -26,7 +26,7 @@ from gpuscope.core.diagnosis.evidence import (
     evidence_lines,
 )
 from gpuscope.core.leak.growth import floor_growth, theil_sen
-from gpuscope.core.leak import (HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, as_warming_up, assess, ended_run,
+from gpuscope.core.leak import (WARMUP_S, HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, assess, ended_run,
                                  held_trend, kendall_tau, warming_up)
 from gpuscope.core.common.markdown import md_code, md_text
 from gpuscope.core.node.model import ProcessRow
@@ -304,16 +304,24 @@ def step_device(ev: Evidence, th: LeakThresholds) -> tuple[Step, LeakAssessment 
 
 
 def lived(ev: Evidence, a: LeakAssessment | None, series: Series) -> LeakAssessment | None:
-    """A process's age and life count, as in the live watch: a leak that began in its first
-    seconds is a warm-up until it has lasted as long again; one that ended with a short-lived
-    process (an install, a test run) is that run's, not a leak."""
-    if a is None or not a.is_leak or ev.started_at is None or ev.ended_at is None:
+    """A process's life counts, as in the live watch: a leak that ended with a short-lived process
+    (an install, a test run) is that run's growth, not a leak."""
+    if a is None or not a.is_leak or not ev.exited or ev.started_at is None or ev.ended_at is None or not series.times:
         return a
-    started = ev.started_at - ev.ended_at  # on the series' clock (0: the window's end)
-    if ev.exited and series.times:
-        life = series.times[-1] - started
-        return as_ended_run(a, life) if ended_run(life) else a
-    return as_warming_up(a, started, 0.0) if warming_up(started, a.since, 0.0) else a
+    life = series.times[-1] - (ev.started_at - ev.ended_at)  # on the series' clock (0: the window's end)
+    return as_ended_run(a, life) if ended_run(life) else a
+
+
+def warm_up_note(ev: Evidence, memory: LeakAssessment | None) -> str:
+    """A process's age counts too: a leak that began in its first seconds, in a process not yet
+    twice that old, may be its warm-up (the live watch does not alert on it yet); said, not ruled."""
+    if memory is None or not memory.is_leak or ev.exited or ev.started_at is None or ev.ended_at is None:
+        return ""
+    started = ev.started_at - ev.ended_at
+    if not warming_up(started, memory.since, 0.0):
+        return ""
+    return (f" The process started {max(0.0, -started):.0f} s ago and grew from its first seconds: this may be "
+            f"it warming up (the console alerts once it is {2 * WARMUP_S:.0f} s old); diagnose again then to be sure.")
 
 
 def step_host(ev: Evidence, th: LeakThresholds, gpu: LeakAssessment | None) -> tuple[Step, LeakAssessment | None]:
@@ -681,6 +689,8 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     trends = site_trends(ev.attribution, thresholds)
     rising = [(site, t) for site, t in trends if t.kind == "rising"]
     classify_step, verdict, pattern = step_classify(ev, memory, source)
+    if note_young := warm_up_note(ev, memory):
+        classify_step = replace(classify_step, finding=classify_step.finding + note_young)
     sites = tuple(SiteTrend(site.function, site.file, site.line, t.kind, t.growth_bytes_per_s, site.held[-1])
                   for site, t in trends[:5])
     decided_by, confidence = "memory trend", round(memory.confidence, 2) if memory else 0.0

@@ -53,7 +53,7 @@ from gpuscope.core.leak._sketch import FloorSketch
 from gpuscope.core.leak._analysis import assess, kendall_tau
 from gpuscope.core.leak._held import HELD_MIN_RISE, HeldTrend, SETTLE_HORIZON_S, SETTLE_MIN_POINTS, SETTLE_MIN_S, SETTLE_SKIP_S, SETTLE_TAU, Settled, held_trend, tracking_settled
 from gpuscope.core.leak._watch import LeakAlert, LeakWatch
-from gpuscope.core.leak._life import SERVICE_LIFE_S, WARMUP_S, as_ended_run, as_warming_up, ended_run, warming_up
+from gpuscope.core.leak._life import SERVICE_LIFE_S, WARMUP_S, as_ended_run, ended_run, warming_up
 
 __all__ = [
     "FloorSketch",
@@ -75,7 +75,6 @@ __all__ = [
     "VERDICTS",
     "WARMUP_S",
     "as_ended_run",
-    "as_warming_up",
     "ended_run",
     "assess",
     "held_trend",
