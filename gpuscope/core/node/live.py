@@ -42,8 +42,9 @@ from gpuscope.core.common.units import format_bytes
 
 MAX_PYTHON_ROWS = 20
 MAX_RSS_ROWS = 15
-MAX_GROWING_ROWS = 64  # processes kept in detail for their growth, beyond the GPU, Python and RSS ones
+MAX_GROWING_ROWS = 16  # processes kept in detail for their growth, beyond the GPU, Python and RSS ones
 RISE_BYTES = 4 * 2**20  # private memory this far above its lowest: the process is kept in detail
+RECENT_RISE_S = 60.0  # ... first among those that grew when it grew this recently
 MAX_EARLY_FRAMES = 30  # frames kept while nobody listens yet (`NodeSource.prefetch`)
 GROWTH_WINDOW_S = 30.0
 CHART_WINDOW_S = 300.0
@@ -101,7 +102,9 @@ def choose_rows(seen: list[SeenProcess], gpu_pids: set[int], always: set[int],
 class GrowthScreen:
     """Every process on the node, judged cheaply on each pass: has its private memory risen
     `rise_bytes` above the lowest it was seen at? Those that have are kept in detail (their
-    memory judged by the leak watch); the others cost a dictionary look-up a pass.
+    memory judged by the leak watch); the others cost a dictionary look-up a pass. Those still
+    rising come first (risen in the last `recent_s`), the most risen first: a process that warmed
+    up once and has been flat since does not hold a place that one growing now needs.
 
     Private memory (resident less shared pages), not RSS: processes that map one shared buffer
     each count it in their RSS as they touch it, and would crowd out a process that really grows.
@@ -109,15 +112,17 @@ class GrowthScreen:
     the work is proportional to the processes that are new or changed. A PID reused by another
     process starts afresh (known by its start time)."""
 
-    __slots__ = ("rise_bytes", "_known", "_risen")
+    __slots__ = ("rise_bytes", "recent_s", "_known", "_risen")
 
-    def __init__(self, rise_bytes: float = RISE_BYTES) -> None:
+    def __init__(self, rise_bytes: float = RISE_BYTES, recent_s: float = RECENT_RISE_S) -> None:
         self.rise_bytes = rise_bytes
+        self.recent_s = recent_s
         self._known: dict[int, tuple[SeenProcess, float]] = {}  # pid -> (its latest row, its lowest)
-        self._risen: dict[int, float] = {}  # pid -> bytes risen above its lowest
+        self._risen: dict[int, tuple[float, float]] = {}  # pid -> (bytes above its lowest, when it last rose)
 
-    def update(self, seen: list[SeenProcess]) -> list[int]:
-        """Take one pass's rows; the processes risen, most risen first."""
+    def update(self, seen: list[SeenProcess], now: float) -> list[int]:
+        """Take one pass's rows (taken at `now`, seconds); the processes risen, those still rising
+        first, the most risen first."""
         known, risen = self._known, self._risen
         this: dict[int, tuple[SeenProcess, float]] = {}
         for row in seen:
@@ -135,16 +140,16 @@ class GrowthScreen:
             low = min(before[1], value)
             this[row.pid] = (row, low)
             if value - low >= self.rise_bytes:
-                risen[row.pid] = value - low
+                was = risen.get(row.pid)
+                rose = was is None or value - low > was[0]
+                risen[row.pid] = (value - low, now if rose or was is None else was[1])
             else:
                 risen.pop(row.pid, None)
         for pid in [pid for pid in risen if pid not in this]:  # gone (few: only risen ones are kept)
             del risen[pid]
         self._known = this
-        return sorted(risen, key=risen.__getitem__, reverse=True)
-
-    def __len__(self) -> int:
-        return len(self._known)
+        since = now - self.recent_s
+        return sorted(risen, key=lambda pid: (risen[pid][1] >= since, risen[pid][0]), reverse=True)
 
 
 def _private(row: SeenProcess | HostProcess) -> float | None:
@@ -300,7 +305,7 @@ class NodeSource:
         memory = self._host.memory()
         seen = self._host.scan()
         gpu_pids = {u.pid for u in self._nvml_reading.uses}
-        growing = self._screen.update(seen)
+        growing = self._screen.update(seen, now)
         if self._every_process:
             chosen = [s for s in seen if s.rss or s.pid in gpu_pids]
         else:
