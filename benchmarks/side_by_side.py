@@ -1,4 +1,4 @@
-"""gpuscope beside nvitop and htop: CPU and terminal bytes from the first second, on two node shapes.
+"""gpuscope beside nvitop and htop: CPU and terminal bytes from the first second, on three node shapes.
 
 What it measures, and how:
 
@@ -15,6 +15,9 @@ Node shapes (`--node`):
     small   1 GPU; its only process is the leaking child (GPU memory = its RSS)
     big     8 GPUs x 25 processes = 200 GPU processes: the leaking child on GPU 0 and 199 idle
             `sleep` processes, each with a fixed share of GPU memory
+    churn   a busy node: 1 GPU (the leaking child), 300 idle `sleep` processes beside it, and
+            ~10 short-lived processes a second (a shell starting ten `sleep 0.2` each second, as
+            a test suite or a build does): every one of them is a new process to each tool
 
 Rounds are interleaved (round 1: gpuscope, nvitop, htop; round 2: the same ...), so a change in
 the machine's load spreads over all tools. For each run:
@@ -28,7 +31,7 @@ Each figure is printed as the median and the range over the rounds: on a shared 
 spread is part of the answer. CPU % is the tool's own utime+stime (and its children's) over wall
 time (100 % = one core).
 
-Run:  .venv/bin/python benchmarks/side_by_side.py [--node small|big|both] [--rounds 3]
+Run:  .venv/bin/python benchmarks/side_by_side.py [--node small|big|churn|all] [--rounds 3]
           [--warmup 40] [--seconds 30] [--start 30] [--only gpuscope,nvitop] [--json]
 Everything started is killed on exit, error or Ctrl-C.
 """
@@ -63,12 +66,16 @@ from steady_state import cpu_total, find_measured
 
 FAKE_NVML = FAKE_NVML_DIR
 TOOLS = ("gpuscope", "nvitop", "htop")
+NODES = ("small", "big", "churn")
+CHURN_IDLE = 300
+# Ten processes of 0.2 s started each second, for as long as the benchmark runs.
+CHURN_LOOP = "while :; do for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.2 & done; sleep 1; wait; done"
 GIB = 1 << 30
 
 
 def scenario(node: str, leaker: int, idlers: list[int]) -> dict:
     gpu = {"name": "NVIDIA H200", "total": 141 * GIB, "util": 37, "temp": 51, "graphics": []}
-    if node == "small":
+    if node in ("small", "churn"):
         return {"devices": [dict(gpu, uuid="GPU-0", compute=[{"pid": leaker, "used": "rss"}])]}
     pids = [leaker, *idlers]
     per_gpu = len(pids) // 8
@@ -81,10 +88,15 @@ def scenario(node: str, leaker: int, idlers: list[int]) -> dict:
 
 
 def start_node(node: str, cleanup: Cleanup, leak_mb: int = 300) -> subprocess.Popen:
-    """The node's processes (the leaking child; on the big node 199 idle ones beside it) and the
-    fake NVML's scenario for them (`cleanup.tmpdir / "nvml.json"`); returns the leaking child."""
+    """The node's processes (the leaking child; on the big node 199 idle ones beside it, on the
+    churning node 300 and a stream of short-lived ones) and the fake NVML's scenario for them
+    (`cleanup.tmpdir / "nvml.json"`); returns the leaking child."""
     leaker = cleanup.spawn_python(LEAKER, str(leak_mb))
     idlers = [cleanup.popen(["sleep", "100000"]).pid for _ in range(199)] if node == "big" else []
+    if node == "churn":
+        for _ in range(CHURN_IDLE):
+            cleanup.popen(["sleep", "100000"])
+        cleanup.popen(["sh", "-c", CHURN_LOOP])
     (cleanup.tmpdir / "nvml.json").write_text(json.dumps(scenario(node, leaker.pid, idlers)))
     return leaker
 
@@ -168,7 +180,7 @@ def measure_node(node: str, tools: list[str], cleanup: Cleanup, args: argparse.N
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--node", choices=("small", "big", "both"), default="both")
+    ap.add_argument("--node", choices=(*NODES, "all"), default="all")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per tool (default 3)")
     ap.add_argument("--warmup", type=float, default=40.0, help="seconds before the steady window (default 40)")
     ap.add_argument("--seconds", type=float, default=30.0, help="length of the steady window (default 30)")
@@ -191,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             raise SystemExit("benchmark needs nvitop in this interpreter (pip install nvitop)") from None
 
-    nodes = ["small", "big"] if args.node == "both" else [args.node]
+    nodes = list(NODES) if args.node == "all" else [args.node]
     result: dict[str, object] = {"machine": machine(), "rounds": args.rounds, "warmup_s": args.warmup,
                                  "seconds": args.seconds, "start_s": args.start, "nodes": {}}
     with Cleanup() as cleanup:
@@ -215,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                 spread([x["rss_mib"] for x in r], ".0f"),
                 spread([x["load_before"] for x in r], ".2f"),
             ])
-        shape = "1 GPU, the leaking child" if node == "small" else "8 GPUs x 25 processes"
+        shape = {"small": "1 GPU, the leaking child", "big": "8 GPUs x 25 processes",
+                 "churn": f"1 GPU, {CHURN_IDLE} idle processes, ~10 new ones a second"}[node]
         print_table(f"{node} node ({shape}); 120x40, 1 s refresh; median (min-max) of {args.rounds} interleaved rounds",
                     ["", "first frame s", f"CPU % first {args.start:g} s", f"KB first {args.start:g} s",
                      "CPU % steady", f"KB / {args.seconds:g} s steady", "RSS MiB", "load avg"], rows)

@@ -15,8 +15,9 @@ from gpuscope.core.common.units import format_bytes
 
 
 def sample_processes() -> Frame:
-    """One frame of this node for the one-shot commands (CPU % needs two looks, 0.5 s apart)."""
-    source = NodeSource()
+    """One frame of this node, every process with memory in it, for the one-shot commands (CPU %
+    needs two looks, 0.5 s apart)."""
+    source = NodeSource(every_process=True)
     source.sample_once()
     time.sleep(0.5)
     frame = source.sample_once()
@@ -32,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     frame = sample_processes()
-    rows = sorted(frame.processes, key=lambda r: (r.gpu is None, -(r.gpu_memory_bytes or 0), -(r.rss_bytes or 0)))
+    # GPU processes first (the most GPU memory first), then by growth where it is known, then by RSS.
+    rows = sorted(frame.processes, key=lambda r: (r.gpu is None, -(r.gpu_memory_bytes or 0),
+                                                  -(r.growth_bytes_per_s or 0), -(r.rss_bytes or 0)))
     if args.json:
         # Other people's text: printable here too, for the script that prints it with `jq -r`.
         json.dump([{k: printable(v) if isinstance(v, str) else v for k, v in r.to_json().items()} for r in rows],

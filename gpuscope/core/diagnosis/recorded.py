@@ -69,4 +69,5 @@ def evidence_of(
         nvml_status=frame.nvml.status if frame else None,
         exited=bool(focus and focus.exited) or (row is None and series is not None),
         ended_at=now,
+        started_at=series.started if series is not None else None,
     )

@@ -26,7 +26,8 @@ from gpuscope.core.diagnosis.evidence import (
     evidence_lines,
 )
 from gpuscope.core.leak.growth import floor_growth, theil_sen
-from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend, kendall_tau
+from gpuscope.core.leak import (WARMUP_S, HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, assess, ended_run,
+                                 held_trend, kendall_tau, warming_up)
 from gpuscope.core.common.markdown import md_code, md_text
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.serving.profiles import is_model_stage, model_stages
@@ -93,6 +94,7 @@ class Evidence:
     # memory is in the RSS samples taken meanwhile, which the memory trend leaves out.
     instrumented: tuple[tuple[float, float], ...] = ()
     ended_at: float | None = None  # wall clock of time 0 on the clock of the series (the window's end)
+    started_at: float | None = None  # wall clock of the process's start, where known
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,9 +303,30 @@ def step_device(ev: Evidence, th: LeakThresholds) -> tuple[Step, LeakAssessment 
     return Step(1, title, OK, f"GPU{d.index} memory is {a.pattern}: {a.reason}.", evidence=evidence), a
 
 
+def lived(ev: Evidence, a: LeakAssessment | None, series: Series) -> LeakAssessment | None:
+    """A process's life counts, as in the live watch: a leak that ended with a short-lived process
+    (an install, a test run) is that run's growth, not a leak."""
+    if a is None or not a.is_leak or not ev.exited or ev.started_at is None or ev.ended_at is None or not series.times:
+        return a
+    life = series.times[-1] - (ev.started_at - ev.ended_at)  # on the series' clock (0: the window's end)
+    return as_ended_run(a, life) if ended_run(life) else a
+
+
+def warm_up_note(ev: Evidence, memory: LeakAssessment | None) -> str:
+    """A process's age counts too: a leak that began in its first seconds, in a process not yet
+    twice that old, may be its warm-up (the live watch does not alert on it yet); said, not ruled."""
+    if memory is None or not memory.is_leak or ev.exited or ev.started_at is None or ev.ended_at is None:
+        return ""
+    started = ev.started_at - ev.ended_at
+    if not warming_up(started, memory.since, 0.0):
+        return ""
+    return (f" The process started {max(0.0, -started):.0f} s ago and grew from its first seconds: this may be "
+            f"it warming up (the console alerts once it is {2 * WARMUP_S:.0f} s old); diagnose again then to be sure.")
+
+
 def step_host(ev: Evidence, th: LeakThresholds, gpu: LeakAssessment | None) -> tuple[Step, LeakAssessment | None]:
     title = TITLES[1]
-    a = _assess(ev.rss, th)
+    a = lived(ev, _assess(ev.rss, th), ev.rss)
     evidence = {"assessment": a.to_json() if a else None}
     if a is None:
         return Step(2, title, SKIPPED, "skipped: too few samples of the process's RSS.", evidence=evidence), None
@@ -653,7 +676,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     device_step, device_assessment = step_device(ev, thresholds)
     gpu_assessment = None
     if ev.gpu is not None and ev.gpu.known():
-        gpu_assessment = _assess(ev.gpu, thresholds, allocated=ev.allocated, reserved=ev.reserved)
+        gpu_assessment = lived(ev, _assess(ev.gpu, thresholds, allocated=ev.allocated, reserved=ev.reserved), ev.gpu)
     rss, note = uninstrumented(ev.rss, ev.instrumented)
     host_step, rss_assessment = step_host(replace(ev, rss=rss), thresholds, gpu_assessment)
     if rss_assessment is not None and rss_assessment.growth_bytes_per_s is None and len(rss.known()) >= 4:
@@ -666,6 +689,8 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     trends = site_trends(ev.attribution, thresholds)
     rising = [(site, t) for site, t in trends if t.kind == "rising"]
     classify_step, verdict, pattern = step_classify(ev, memory, source)
+    if note_young := warm_up_note(ev, memory):
+        classify_step = replace(classify_step, finding=classify_step.finding + note_young)
     sites = tuple(SiteTrend(site.function, site.file, site.line, t.kind, t.growth_bytes_per_s, site.held[-1])
                   for site, t in trends[:5])
     decided_by, confidence = "memory trend", round(memory.confidence, 2) if memory else 0.0

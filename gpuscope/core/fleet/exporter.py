@@ -6,7 +6,9 @@ assessments and turns it into metric families when Prometheus scrapes (a prometh
 collector: nothing is computed per scrape but the families themselves).
 
 The series are bounded: a process is exported when it is among the `top` largest by GPU memory,
-the `top` largest by RSS or the `top` fastest growing, or when the leak watch alerts on it; an
+the `top` largest by RSS or the `top` fastest growing, or when the leak watch alerts on it (the
+source judges every process's growth and keeps those that grow in detail, so the fastest growing
+are ranked among all of the node's processes, not among the largest); an
 exited process is simply absent from the next scrape. Every per-process series carries the same
 identifying labels: node, pid, start_time (so a reused PID is a new series), command (redacted,
 printable, short), user, and the Kubernetes pod UID and container id when the cgroup tells.
@@ -87,6 +89,7 @@ class Sample:
     processes: tuple[HostProcess, ...]
     assessments: dict
     at: float  # monotonic time it arrived
+    seen: int | None = None  # processes on the node (all judged for growth; `processes`: those in detail)
 
 
 @dataclass
@@ -136,9 +139,9 @@ class NodeCollector(Collector):
 
     # -- fed on the host poller's thread ------------------------------------------------------------
 
-    def accept(self, frame: Frame, processes: Iterable[HostProcess], watch: LeakWatch) -> None:
+    def accept(self, frame: Frame, processes: Iterable[HostProcess], watch: LeakWatch, seen: int | None = None) -> None:
         """Keep the latest frame (call from the source's on_frame, the thread that feeds `watch`)."""
-        self._sample = Sample(frame, tuple(processes), watch.assessments(), self._clock())
+        self._sample = Sample(frame, tuple(processes), watch.assessments(), self._clock(), seen)
 
     # -- scraped ----------------------------------------------------------------------------------
 
@@ -268,7 +271,7 @@ class NodeCollector(Collector):
         procs = GaugeMetricFamily("gpuscope_exporter_processes",
                                   "Processes sampled on the node (seen) and exported with series (exported).",
                                   labels=("node", "state"))
-        procs.add_metric([node, "seen"], len(sample.processes))
+        procs.add_metric([node, "seen"], sample.seen if sample.seen is not None else len(sample.processes))
         procs.add_metric([node, "exported"], len(exported))
         return [gpu_used, gpu_total, p_gpu, p_rss, p_growth, p_verdict, p_leak, p_conf, p_floor, t_alloc, t_resv,
                 nvml_up, age, procs]
@@ -355,4 +358,5 @@ class NodeAgent:
 
     def _on_frame(self, frame: Frame) -> None:  # on the host poller's thread, which feeds the watch
         snap = self.source.last_host
-        self.collector.accept(frame, snap.processes if snap is not None else (), self.watch)
+        self.collector.accept(frame, snap.processes if snap is not None else (), self.watch,
+                              len(snap.visible) if snap is not None else None)

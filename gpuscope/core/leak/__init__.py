@@ -43,7 +43,8 @@ Pure Python; no numpy. Sizes are bytes; rates bytes per second; the texts read t
 The package's modules, by role (the interface is this package; the modules are private):
 `_assessment` (the thresholds and what a judgement says), `_sketch` (the floor sketch),
 `_analysis` (judging a series: `assess()`), `_held` (an allocation site's held bytes, and when a
-tracker has seen enough), `_watch` (the live watch), and `growth` (the robust slope, public: the
+tracker has seen enough), `_life` (a process's age and life: warm-ups and runs are not leaks),
+`_watch` (the live watch), and `growth` (the robust slope, public: the
 gate and the diagnosis use it too). It uses only `gpuscope.core.common`.
 """
 
@@ -52,6 +53,7 @@ from gpuscope.core.leak._sketch import FloorSketch
 from gpuscope.core.leak._analysis import assess, kendall_tau
 from gpuscope.core.leak._held import HELD_MIN_RISE, HeldTrend, SETTLE_HORIZON_S, SETTLE_MIN_POINTS, SETTLE_MIN_S, SETTLE_SKIP_S, SETTLE_TAU, Settled, held_trend, tracking_settled
 from gpuscope.core.leak._watch import LeakAlert, LeakWatch
+from gpuscope.core.leak._life import SERVICE_LIFE_S, WARMUP_S, as_ended_run, ended_run, warming_up
 
 __all__ = [
     "FloorSketch",
@@ -63,6 +65,7 @@ __all__ = [
     "LeakThresholds",
     "LeakWatch",
     "PATTERNS",
+    "SERVICE_LIFE_S",
     "SETTLE_HORIZON_S",
     "SETTLE_MIN_POINTS",
     "SETTLE_MIN_S",
@@ -70,8 +73,12 @@ __all__ = [
     "SETTLE_TAU",
     "Settled",
     "VERDICTS",
+    "WARMUP_S",
+    "as_ended_run",
+    "ended_run",
     "assess",
     "held_trend",
     "kendall_tau",
     "tracking_settled",
+    "warming_up",
 ]

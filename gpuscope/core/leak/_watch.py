@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from gpuscope.core.leak.growth import floor_growth
 from gpuscope.core.leak._assessment import LeakAssessment, LeakThresholds
 from gpuscope.core.leak._sketch import FloorSketch
+from gpuscope.core.leak._life import SERVICE_LIFE_S, WARMUP_S, as_ended_run, as_warming_up, ended_run, warming_up
 from gpuscope.core.leak._analysis import _View, _finish, _judge, _with_torch
 
 
@@ -41,7 +42,7 @@ class LeakAlert:
 
 class _Watched:
     __slots__ = ("sketch", "allocated", "reserved", "total", "fresh", "assessed_at", "views", "assessment",
-                 "raised_at", "phase", "pending", "fed_at")
+                 "raised_at", "phase", "pending", "fed_at", "started")
 
     def __init__(self, sketch: FloorSketch, phase: float) -> None:
         self.sketch = sketch
@@ -57,6 +58,7 @@ class _Watched:
         # A young leak awaiting confirmation: (first, latest) time it was called a leak.
         self.pending: tuple[float, float] | None = None
         self.fed_at: float | None = None  # the latest time given to add(), available value or not
+        self.started: float | None = None  # when the series' process started, where known
 
 
 @dataclass
@@ -78,7 +80,15 @@ class LeakWatch:
     raised once it has been called a leak over `confirm_s` seconds of data, with no gap longer
     than that between the calls (until then its verdict reads "inconclusive", confirming): a
     burst that happens to follow a rise of the noise looks like a ramp for a second or two, a
-    leak keeps looking like one. An alert, once raised,
+    leak keeps looking like one.
+
+    A process's age and its life count (for series fed with `started`, their process's start):
+    growth that began in a process's first `warmup_s` seconds (loading, a warm-up) is not raised
+    before the process is twice that old, as long again to see whether it stops (until then it
+    reads "inconclusive", warming up; a warm-up that stopped reads "no-leak" by then). A leak whose growth ended with its process, when that
+    process lived under `service_life_s` (a `pip install`, a test run, a batch job), is withdrawn:
+    the series reads "no-leak", its growth ended with the process. A service that lived longer and
+    exited while leaking (killed for its memory) keeps its alert, ended. An alert, once raised,
     is held while later readings are "inconclusive" (the rate dipping under the alert rate, a
     jump too recent to judge) and clears on "no-leak". Not thread-safe: feed and update from one
     thread.
@@ -92,6 +102,8 @@ class LeakWatch:
     confirm_s: float = 3.0
     max_series: int = 2048  # as SeriesStore's: a big node's every process keeps its verdict
     forget_after_s: float = 60.0
+    warmup_s: float = WARMUP_S
+    service_life_s: float = SERVICE_LIFE_S
     _series: dict[Hashable, _Watched] = field(default_factory=dict, init=False, repr=False, compare=False)
     _born: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -109,9 +121,11 @@ class LeakWatch:
         return FloorSketch(bucket_s=self.bucket_s, window_s=self.window_s)
 
     def add(self, key: Hashable, t: float, value: float | None, *, allocated: float | None = None,
-            reserved: float | None = None, total_bytes: float | None = None) -> None:
+            reserved: float | None = None, total_bytes: float | None = None,
+            started: float | None = None) -> None:
         """One sample of series `key` at time t (seconds). None/NaN: not available this time.
 
+        `started`: when the series' process started, on the clock of t (for its age: see above).
         `allocated` / `reserved`: torch's figures for the same process at the same time, when known.
         `total_bytes`: the device's total memory, for the time to full (the latest one is used).
         """
@@ -134,6 +148,8 @@ class LeakWatch:
             s.reserved.add(t, reserved)
         if total_bytes is not None:
             s.total = float(total_bytes)
+        if started is not None:
+            s.started = started
 
     def forget(self, key: Hashable) -> None:
         self._series.pop(key, None)
@@ -163,6 +179,9 @@ class LeakWatch:
             for key in [k for k, s in self._series.items()
                         if s.fed_at is not None and s.fed_at < newest - self.forget_after_s]:
                 del self._series[key]
+            for s in self._series.values():
+                if s.raised_at is not None and s.fed_at is not None and s.fed_at < newest:
+                    self._ended(s)
         for s in self._series.values():
             now = s.sketch.last_time
             if not s.fresh or now is None:
@@ -181,6 +200,9 @@ class LeakWatch:
                 young = a.since is not None and now - a.since < 3 * self.thresholds.fast_duration_s
                 if young and now - s.pending[0] < self.confirm_s:
                     a = replace(a, verdict="inconclusive", reason=f"{a.reason}; confirming")
+            if a.verdict == "leak" and not raised and s.started is not None and warming_up(s.started, a.since, now,
+                                                                                       self.warmup_s):
+                a = as_warming_up(a, s.started, now)
             if raised and previous is not None and a.verdict == "inconclusive":
                 # Hysteresis: a raised alert is held while the readings are inconclusive (the rate
                 # dipping under the alert rate, a jump too recent to judge), rather than flickering;
@@ -194,6 +216,19 @@ class LeakWatch:
             else:
                 s.raised_at = None
         return self.alerts()
+
+    def _ended(self, s: _Watched) -> None:
+        """A raised alert whose process has gone: withdrawn when the process lived too short a
+        life to be a service (its growth was a run's, ended with it)."""
+        a = s.assessment
+        if s.started is None or a is None or s.fed_at is None:
+            return
+        life = s.fed_at - s.started
+        if not ended_run(life, self.service_life_s):
+            return
+        s.assessment = as_ended_run(a, life)
+        s.raised_at = None
+        s.pending = None
 
     def _newest_fed(self) -> float | None:
         return max((s.fed_at for s in self._series.values() if s.fed_at is not None), default=None)

@@ -30,6 +30,7 @@ from gpuscope.core.target.interpreter import interpreter_version, is_python, lib
 from gpuscope.errors import Failure
 
 _STAT_MAX = 4096  # /proc/PID/stat is one line of ~300 bytes (the name is at most 64)
+_STATM_MAX = 256  # /proc/PID/statm: seven numbers on one line
 _MEMINFO_MAX = 256  # /proc/meminfo's first three lines, about 90 bytes
 _NAMES_KEPT = 4096
 # A process whose /proc/PID/stat reads exactly as on the last pass has not run since (its CPU
@@ -69,6 +70,10 @@ class SeenProcess:
     cpu: float | None
     threads: int | None = None
     status: str | None = None  # psutil's words ("sleeping", "running", ...)
+    # Resident memory less its shared pages (files, shared memory): what this process alone holds,
+    # so that processes touching one shared buffer do not each look as if they grew by it. None
+    # where it cannot be read (then the RSS stands for it).
+    private: int | None = None
 
 
 class _Passed(NamedTuple):
@@ -223,16 +228,21 @@ class HostCollector:
                 cpu = None
                 if before is not None and before.row.create_time == create_time and now > before.when:
                     cpu = round(100.0 * (used - before.used) / ticks / (now - before.when), 1)
+                rss = int(fields[21]) * self._page
+                private = self._private(name) if rss else 0  # kernel threads hold none
+                if private is None and before is not None and before.row.create_time == create_time:
+                    private = before.row.private
                 row = SeenProcess(
                     pid=pid,
                     create_time=create_time,
                     name=self._name(raw_name),
                     exe=exe,
                     user=self._user(uid),
-                    rss=int(fields[21]) * self._page,
+                    rss=rss,
                     cpu=cpu,
                     threads=int(fields[17]),
                     status=_STATUSES.get(fields[0]),
+                    private=private,
                 )
                 this_pass[pid] = _Passed(data, row, key, used, now, 0)
                 seen.append(row)
@@ -242,6 +252,25 @@ class HostCollector:
             self._stat_files = kept
         self._last_pass = this_pass
         return seen
+
+    def _private(self, name: str) -> int | None:
+        """Resident less shared pages, from /proc/PID/statm (resident and shared are its second and
+        third numbers). Read only for a process whose stat line changed: any change of its memory
+        changes its page-fault counters there."""
+        try:
+            fd = os.open(f"/proc/{name}/statm", os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fields = os.read(fd, _STATM_MAX).split()
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        try:
+            return max(0, int(fields[1]) - int(fields[2])) * self._page
+        except (IndexError, ValueError):
+            return None
 
     def _name(self, raw: bytes) -> str:
         """The process's name (it may rename itself at any time: read each pass, made printable once)."""
@@ -281,6 +310,7 @@ class HostCollector:
                     cpu=info.get("cpu_percent"),
                     threads=info.get("num_threads"),
                     status=info.get("status"),
+                    private=_private_of(mem),
                 )
             )
         return seen
@@ -301,6 +331,7 @@ class HostCollector:
                     rss_bytes=s.rss,
                     cpu_percent=s.cpu,
                     is_python=is_python(s.name, s.exe),
+                    private_bytes=s.private,
                 )
             )
         # Forget command lines of processes no longer shown: the cache stays as big as the table.
@@ -426,6 +457,12 @@ def _short_version(pid: int, name: str, exe: str | None) -> str | None:
     """"3.11" from libpython in the process's maps or from its executable's name; nothing is run."""
     short = libpython_version(pid) or (version_in_name(exe) if is_python(name, exe) else None)
     return "%d.%d" % short if short else None
+
+
+def _private_of(mem) -> int | None:
+    """psutil's resident less shared memory, where its platform gives the shared part."""
+    shared = getattr(mem, "shared", None)
+    return None if mem is None or shared is None else max(0, mem.rss - shared)
 
 
 def _printable_or_none(text: str | None) -> str | None:

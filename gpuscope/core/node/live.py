@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -42,6 +42,9 @@ from gpuscope.core.common.units import format_bytes
 
 MAX_PYTHON_ROWS = 20
 MAX_RSS_ROWS = 15
+MAX_GROWING_ROWS = 16  # processes kept in detail for their growth, beyond the GPU, Python and RSS ones
+RISE_BYTES = 4 * 2**20  # private memory this far above its lowest: the process is kept in detail
+RECENT_RISE_S = 60.0  # ... first among those that grew when it grew this recently
 MAX_EARLY_FRAMES = 30  # frames kept while nobody listens yet (`NodeSource.prefetch`)
 GROWTH_WINDOW_S = 30.0
 CHART_WINDOW_S = 300.0
@@ -74,9 +77,17 @@ class HostSnapshot:
     detail: ProcessDetail | None
 
 
-def choose_rows(seen: list[SeenProcess], gpu_pids: set[int], always: set[int]) -> list[SeenProcess]:
-    """GPU processes and the attached one first, then Python processes, then the largest by RSS."""
+def choose_rows(seen: list[SeenProcess], gpu_pids: set[int], always: set[int],
+                growing: Sequence[int] = ()) -> list[SeenProcess]:
+    """The processes kept in detail (shown, their memory recorded and judged by the leak watch):
+    GPU processes and `always` (the attached one, those alerting) first, then the `growing` ones
+    (the screen's, fastest risen first), then Python processes, then the largest by RSS."""
     chosen: dict[int, SeenProcess] = {s.pid: s for s in seen if s.pid in gpu_pids or s.pid in always}
+    by_pid = {s.pid: s for s in seen} if growing else {}
+    for pid in growing[:MAX_GROWING_ROWS]:
+        row = by_pid.get(pid)
+        if row is not None:
+            chosen.setdefault(pid, row)
     me = os.getpid()
     # gpuscope itself is not what the operator is looking for; kernel threads have no RSS.
     by_rss = sorted((s for s in seen if s.pid != me and s.rss), key=lambda s: s.rss or 0, reverse=True)
@@ -86,6 +97,65 @@ def choose_rows(seen: list[SeenProcess], gpu_pids: set[int], always: set[int]) -
     for s in by_rss[:MAX_RSS_ROWS]:
         chosen.setdefault(s.pid, s)
     return list(chosen.values())
+
+
+class GrowthScreen:
+    """Every process on the node, judged cheaply on each pass: has its private memory risen
+    `rise_bytes` above the lowest it was seen at? Those that have are kept in detail (their
+    memory judged by the leak watch); the others cost a dictionary look-up a pass. Those still
+    rising come first (risen in the last `recent_s`), the most risen first: a process that warmed
+    up once and has been flat since does not hold a place that one growing now needs.
+
+    Private memory (resident less shared pages), not RSS: processes that map one shared buffer
+    each count it in their RSS as they touch it, and would crowd out a process that really grows.
+    A row the host scan took unchanged from its last pass (the same object) is skipped at once:
+    the work is proportional to the processes that are new or changed. A PID reused by another
+    process starts afresh (known by its start time)."""
+
+    __slots__ = ("rise_bytes", "recent_s", "_known", "_risen")
+
+    def __init__(self, rise_bytes: float = RISE_BYTES, recent_s: float = RECENT_RISE_S) -> None:
+        self.rise_bytes = rise_bytes
+        self.recent_s = recent_s
+        self._known: dict[int, tuple[SeenProcess, float]] = {}  # pid -> (its latest row, its lowest)
+        self._risen: dict[int, tuple[float, float]] = {}  # pid -> (bytes above its lowest, when it last rose)
+
+    def update(self, seen: list[SeenProcess], now: float) -> list[int]:
+        """Take one pass's rows (taken at `now`, seconds); the processes risen, those still rising
+        first, the most risen first."""
+        known, risen = self._known, self._risen
+        this: dict[int, tuple[SeenProcess, float]] = {}
+        for row in seen:
+            before = known.get(row.pid)
+            if before is not None and before[0] is row:
+                this[row.pid] = before
+                continue
+            value = _private(row)
+            if value is None:
+                continue
+            if before is None or before[0].create_time != row.create_time:
+                risen.pop(row.pid, None)
+                this[row.pid] = (row, value)
+                continue
+            low = min(before[1], value)
+            this[row.pid] = (row, low)
+            if value - low >= self.rise_bytes:
+                was = risen.get(row.pid)
+                rose = was is None or value - low > was[0]
+                risen[row.pid] = (value - low, now if rose or was is None else was[1])
+            else:
+                risen.pop(row.pid, None)
+        for pid in [pid for pid in risen if pid not in this]:  # gone (few: only risen ones are kept)
+            del risen[pid]
+        self._known = this
+        since = now - self.recent_s
+        return sorted(risen, key=lambda pid: (risen[pid][1] >= since, risen[pid][0]), reverse=True)
+
+
+def _private(row: SeenProcess | HostProcess) -> float | None:
+    """The memory the leak watch judges for a process: its private memory, its RSS where that is unknown."""
+    value = row.private if isinstance(row, SeenProcess) else row.private_bytes
+    return value if value is not None else row.rss if isinstance(row, SeenProcess) else row.rss_bytes
 
 
 class NodeSource:
@@ -102,6 +172,7 @@ class NodeSource:
         read_timeout: float | None = None,
         thresholds: LeakThresholds = LeakThresholds(),
         watch: LeakWatch | None = None,
+        every_process: bool = False,
     ) -> None:
         self.interval = interval
         self._nvml: NvmlReader = nvml or NvmlCollector()
@@ -126,6 +197,8 @@ class NodeSource:
         # from on_frame, on that thread).
         self._watch = watch if watch is not None else LeakWatch(thresholds=thresholds)
         self._alerts: tuple[Alert, ...] = ()
+        self._screen = GrowthScreen()
+        self._every_process = every_process  # rows for every process with memory (`ps`), not a choice
         self._hostname = socket.gethostname()
         self._container = in_container()
         timeout = read_timeout if read_timeout is not None else max(5.0, 3 * interval)
@@ -233,8 +306,16 @@ class NodeSource:
         memory = self._host.memory()
         seen = self._host.scan()
         gpu_pids = {u.pid for u in self._nvml_reading.uses}
-        always = {self._focus} if self._focus is not None else set()
-        procs = self._host.complete(choose_rows(seen, gpu_pids, always))
+        growing = self._screen.update(seen, now)
+        if self._every_process:
+            chosen = [s for s in seen if s.rss or s.pid in gpu_pids]
+        else:
+            # The attached process and those alerting stay in detail whatever the screen says.
+            always = {a.pid for a in self._alerts if a.pid is not None}
+            if self._focus is not None:
+                always.add(self._focus)
+            chosen = choose_rows(seen, gpu_pids, always, growing)
+        procs = self._host.complete(chosen)
         detail = None
         if self._focus is not None:
             try:
@@ -310,12 +391,14 @@ class NodeSource:
             watch.add(("device", d.index), snap.time, d.memory_used, total_bytes=d.memory_total)
         for p in snap.processes:
             self.store.add(("rss", p.pid, p.create_time), snap.time, p.rss_bytes)
-            watch.add(("rss", p.pid, p.create_time), snap.time, p.rss_bytes)
+            # The watch judges private memory (the shown RSS less shared pages), and the
+            # process's age (its start: a warm-up is not a leak).
+            watch.add(("rss", p.pid, p.create_time), snap.time, _private(p), started=p.create_time)
             mine = uses.get(p.pid, [])
             if not mine:
                 continue  # no GPU series for host-only processes (the chart reads N/A)
             for u in mine:
-                watch.add(("gpu", p.pid, p.create_time, u.device), snap.time, u.memory)
+                watch.add(("gpu", p.pid, p.create_time, u.device), snap.time, u.memory, started=p.create_time)
             known = [u.memory for u in mine if u.memory is not None]
             self.store.add(("gpu", p.pid, p.create_time), snap.time, sum(known) if known else None)
             torch = self._torch.get(p.pid)
@@ -406,6 +489,7 @@ class NodeSource:
             rss_bytes=tuple(_none_if_nan(v) for v in rss),
             allocated_bytes=aligned["alloc"],
             reserved_bytes=aligned["resv"],
+            started=create_time,
         )
 
 

@@ -65,6 +65,7 @@ class HostProcess:
     rss_bytes: int | None
     cpu_percent: float | None
     is_python: bool
+    private_bytes: int | None = None  # resident less shared pages (None: unknown, the RSS stands for it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ class MemorySeries:
     rss_bytes: tuple[float | None, ...]
     allocated_bytes: tuple[float | None, ...] = ()
     reserved_bytes: tuple[float | None, ...] = ()
+    started: float | None = None  # wall-clock time the process started, where known
 
 
 @dataclass(frozen=True, slots=True)
