@@ -17,39 +17,43 @@ from test_leak import GB, MB, sawtooth, series, warm_up
 
 SCRAPE_S = 15
 ALERT = "GpuscopeLeakProcessGpuMemory"
-LABELS = 'node="node-a",pid="4242",start_time="1.00",command="python serve.py",user="svc",pod_uid="",container_id="",gpu="0"'
+PROCESS = 'node="node-a",pid="4242",start_time="1.00"'
+LABELS = PROCESS + ',user="svc",pod_uid="",container_id="",gpu="0"'
+INFO = f'gpuscope_process_info{{{PROCESS},command="python serve.py",user="svc",pod_uid="",container_id=""}}'
 
 
 def rules_text(th: LeakThresholds = LeakThresholds()) -> str:
     return render_rules(th, ttft_p95_s=0.8, e2e_latency_p95_s=4.0)
 
 
-def values(shape, minutes: float, *, seed: int, noise: float = 5 * MB, base: float = 20 * GB) -> str:
-    _, vs = series(minutes * 60, shape, seed=seed, noise=noise, base=base, every=SCRAPE_S)
+def values(shape, minutes: float, *, seed: int, noise: float = 5 * MB, base: float = 20 * GB,
+           every: float = SCRAPE_S, bursts: float = 0.0) -> str:
+    _, vs = series(minutes * 60, shape, seed=seed, noise=noise, base=base, every=every, bursts=bursts)
     return " ".join(f"{max(v, 0.0):.0f}" for v in vs)
 
 
-def firing(minute: int, horizons: list[str], alert: str = ALERT) -> str:
+def firing(minute: float, horizons: list[str], alert: str = ALERT) -> str:
     samples = "".join(f"          - labels: '{{horizon=\"{h}\"}}'\n            value: 1\n" for h in horizons)
     return (f"      - expr: count by (horizon) (ALERTS{{alertname=\"{alert}\",alertstate=\"firing\"}})\n"
-            f"        eval_time: {minute}m\n        exp_samples:\n" + (samples or "          []\n"))
+            f"        eval_time: {round(minute * 60)}s\n        exp_samples:\n" + (samples or "          []\n"))
 
 
 def promtool_test(tmp_path: Path, input_series: list[tuple[str, str]], checks: list[str],
-                  rules: str | None = None) -> subprocess.CompletedProcess:
+                  rules: str | None = None, every: int = SCRAPE_S) -> subprocess.CompletedProcess:
     promtool = require_tool("promtool")
     (tmp_path / "rules.yml").write_text(rules if rules is not None else rules_text())
     inputs = "".join(f"      - series: '{name}'\n        values: '{vals}'\n" for name, vals in input_series)
     (tmp_path / "test.yml").write_text(
-        f"rule_files: [rules.yml]\nevaluation_interval: {SCRAPE_S}s\ntests:\n"
-        f"  - interval: {SCRAPE_S}s\n    input_series:\n{inputs}    promql_expr_test:\n" + "".join(checks)
+        f"rule_files: [rules.yml]\nevaluation_interval: {every}s\ntests:\n"
+        f"  - interval: {every}s\n    input_series:\n{inputs}    promql_expr_test:\n" + "".join(checks)
     )
     return subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
 
 
 def gpu_series(vals: str) -> list[tuple[str, str]]:
-    return [(f"gpuscope_process_gpu_memory_bytes{{{LABELS}}}", vals)]
+    """The process's GPU memory and its info series (the command the alert carries), as long as the memory."""
+    return [(f"gpuscope_process_gpu_memory_bytes{{{LABELS}}}", vals), (INFO, f"1x{len(vals.split()) - 1}")]
 
 
 # (shape, minutes of data, {minute: horizons firing}) - the detector's verdicts on the same shapes
@@ -118,3 +122,66 @@ def test_rules_command_writes_checked_rules_and_follows_the_output_rule(tmp_path
     stdout = run("-o", "-")
     assert stdout.returncode == 0 and stdout.stdout == out.read_text()
     assert run("-o", str(tmp_path)).returncode == 2  # a folder is not a regular file
+
+
+# Scraped every 5 s, the one-minute horizon sees fast leaks: the shapes of the fleet's targets.
+FAST_S = 5
+CACHE = 300 * MB
+
+
+def fast_checks(expected: dict[float, list[str]]) -> list[str]:
+    return [firing(minute, horizons) for minute, horizons in expected.items()]
+
+
+# (shape, minutes of data, {minute: horizons firing}, bursts)
+FAST_SHAPES = {
+    # 4 MB/s from the first sample: firing by 2 minutes (the one-minute horizon), not at 1 minute
+    "fast-leak-4MB/s": (lambda t: 4 * MB * t, 4, {1: [], 2: ["1m"], 4: ["1m"]}, 0.0),
+    # a 300 MB cache filled in 60 s, then held
+    "cache-300MB-fills-and-stays": (warm_up(60, CACHE), 20, {m: [] for m in (1, 1.5, 2, 3, 5, 10, 20)}, 0.0),
+    # big temporaries (50 MB - 1 GB, 5-25 s, at random) over a flat floor
+    "flat-with-big-temporaries": (lambda t: 0.0, 30, {m: [] for m in range(1, 31)}, 0.05),
+    # a sawtooth filling 300 MB in 60 s, again and again
+    "sawtooth-60s": (sawtooth(60, CACHE), 20, {m: [] for m in range(1, 21)}, 0.0),
+    # one filling 300 MB in 120 s: its first fill is a ramp to a new high, the next ones only refill
+    "sawtooth-120s-after-its-first-fill": (sawtooth(120, CACHE), 20, {m: [] for m in range(3, 21)}, 0.0),
+    # a model loaded in 60 s (1.5 GB), then held
+    "warm-up-60s": (warm_up(60, 1.5 * GB), 10, {m: [] for m in (1, 1.25, 1.5, 2, 3, 5, 10)}, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(FAST_SHAPES))
+def test_scraped_every_5s_a_fast_leak_fires_within_2_minutes_and_the_other_shapes_never(tmp_path, name):
+    shape, minutes, expected, bursts = FAST_SHAPES[name]
+    vals = values(shape, minutes, seed=5, every=FAST_S, bursts=bursts)
+    done = promtool_test(tmp_path, gpu_series(vals), fast_checks(expected), every=FAST_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_alert_resolves_and_the_recorded_trend_ends_at_the_exit(tmp_path):
+    # 4 MB/s for 4 minutes, then the process exits: its series go stale at the next scrape.
+    vals = values(lambda t: 4 * MB * t, 4, seed=5, every=FAST_S).split()
+    n = len(vals) - 1
+    inputs = [(f"gpuscope_process_gpu_memory_bytes{{{LABELS}}}", " ".join(vals) + " stale"),
+              (INFO, f"1x{n} stale")]
+    exited = (n + 1) * FAST_S  # seconds: the first scrape without the process
+    record = "gpuscope:process_gpu_memory_bytes:floor_deriv1m"
+    checks = [
+        firing(n * FAST_S / 60, ["1m"]),
+        f"      - expr: count({record})\n        eval_time: {n * FAST_S}s\n        exp_samples:\n"
+        "          - labels: '{}'\n            value: 1\n",
+        firing((exited + FAST_S) / 60, []),
+        f"      - expr: {record}\n        eval_time: {exited + FAST_S}s\n        exp_samples: []\n",
+        f"      - expr: ALERTS{{alertname=\"{ALERT}\"}}\n        eval_time: {exited + FAST_S}s\n        exp_samples: []\n",
+    ]
+    done = promtool_test(tmp_path, inputs, checks, every=FAST_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_alert_carries_the_command_from_the_info_series(tmp_path):
+    vals = values(lambda t: 4 * MB * t, 3, seed=5, every=FAST_S)
+    check = ("      - expr: count by (command) (ALERTS{alertstate=\"firing\"})\n"
+             "        eval_time: 3m\n        exp_samples:\n"
+             "          - labels: '{command=\"python serve.py\"}'\n            value: 1\n")
+    done = promtool_test(tmp_path, gpu_series(vals), [check], every=FAST_S)
+    assert done.returncode == 0, done.stdout + done.stderr
