@@ -1,7 +1,9 @@
 """`gpuscope rules`: the leak test as Prometheus rules, run by `promtool test rules` (Debian's
 prometheus package) over series of the same shapes the detector's tests use (tests/integration/test_leak.py),
 scraped every 15 s: the rules fire for the leaks and stay silent for the step, the sawtooth, the
-square wave, the warm-up once it has plateaued, a falling floor and noise."""
+square wave, the warm-up once it has plateaued, a falling floor and noise; and scraped every 5 s:
+a 4 MB/s leak fires within 2 minutes, a 300 MB cache, big temporaries, sawtooths and a warm-up
+never do, and the alert and the recorded trend end at the process's exit."""
 
 from __future__ import annotations
 
@@ -141,10 +143,13 @@ FAST_SHAPES = {
     "cache-300MB-fills-and-stays": (warm_up(60, CACHE), 20, {m: [] for m in (1, 1.5, 2, 3, 5, 10, 20)}, 0.0),
     # big temporaries (50 MB - 1 GB, 5-25 s, at random) over a flat floor
     "flat-with-big-temporaries": (lambda t: 0.0, 30, {m: [] for m in range(1, 31)}, 0.05),
-    # a sawtooth filling 300 MB in 60 s, again and again
-    "sawtooth-60s": (sawtooth(60, CACHE), 20, {m: [] for m in range(1, 21)}, 0.0),
+    # a sawtooth filling 300 MB in 60 s, again and again (judged just before each drop)
+    "sawtooth-60s": (sawtooth(60, CACHE), 20, {m + 55 / 60: [] for m in range(0, 20)}, 0.0),
     # one filling 300 MB in 120 s: its first fill is a ramp to a new high, the next ones only refill
-    "sawtooth-120s-after-its-first-fill": (sawtooth(120, CACHE), 20, {m: [] for m in range(3, 21)}, 0.0),
+    "sawtooth-120s-after-its-first-fill": (sawtooth(120, CACHE), 20, {m + 115 / 60: [] for m in range(2, 19, 2)},
+                                           0.0),
+    # a climb of 2 minutes at 5 MB/s looks like a leak while it climbs; 40 s after it stopped it does not
+    "climb-then-plateau": (warm_up(120, 600 * MB), 6, {1.75: ["1m"], 2.75: [], 3.5: [], 6: []}, 0.0),
     # a model loaded in 60 s (1.5 GB), then held
     "warm-up-60s": (warm_up(60, 1.5 * GB), 10, {m: [] for m in (1, 1.25, 1.5, 2, 3, 5, 10)}, 0.0),
 }
