@@ -39,7 +39,7 @@ def to_json(run: CheckRun, verdict: Verdict, baseline: Baseline | None, toleranc
                      "requests", "p95_s", "sites": [{"function", "file", "line", "bytes", "count"}] | null,
                      "note", "growth": {series: floor minus the previous round's},
                      "growth_per_request": {series: ...}, "failed": why this round failed | null}],
-         "growth": {series: {"per_round_bytes", "noise_bytes", "reference_floor_bytes", "requests_per_round",
+         "growth": {series: {"per_round_bytes", "noise_bytes", "uncertainty_bytes", "reference_floor_bytes", "requests_per_round",
                              "per_request_bytes", "allowance_bytes", "baseline": {...the same} | null}},
          "criteria": [{"name": "command" | "load" | "<series>-growth" | "leak" | "sites",
                        "status": "pass" | "fail" | "skipped", "message", "figures": {...}}],
