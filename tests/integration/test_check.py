@@ -417,3 +417,30 @@ def test_10_mb_a_round_in_5_percent_noise_fails_on_its_line_and_the_noise_alone_
         return
     assert out.returncode == 1 and criteria["sites"]["status"] == "fail", out.stdout + out.stderr
     assert "keeper.py:14) kept 9.5 MiB in each of the 3 tracked rounds" in criteria["sites"]["message"]
+
+
+BATCH = """
+import sys, time
+held = bytearray(int(sys.argv[1]) * 1_000_000)  # the job's peak
+time.sleep(0.6)
+sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+"""
+
+
+def test_a_batch_command_is_run_each_round_and_its_peak_compared_with_the_baseline(tmp_path):
+    job = program(tmp_path, "job.py", BATCH)
+    base = tmp_path / "batch-baseline.json"
+    made = check("--batch", "--rounds", "2", "--baseline", str(base), "--update-baseline", "--", PY, job, "20")
+    assert made.returncode == 0, made.stdout + made.stderr  # a command that finishes is no failure
+    same = check("--batch", "--rounds", "2", "--baseline", str(base), "--json", "--", PY, job, "20")
+    assert same.returncode == 0, same.stdout + same.stderr
+    result = json.loads(same.stdout)
+    assert result["settings"]["mode"] == "batch" and [r["round"] for r in result["rounds"]] == [0, 1, 2]
+    assert {c["name"]: c["status"] for c in result["criteria"]} == {"command": "pass", "rss-peak": "pass"}
+    bigger = check("--batch", "--rounds", "2", "--baseline", str(base), "--json", "--", PY, job, "80")
+    assert bigger.returncode == 1, bigger.stdout + bigger.stderr
+    failed = {c["name"] for c in json.loads(bigger.stdout)["criteria"] if c["status"] == "fail"}
+    assert failed == {"rss-peak"}
+    crashed = check("--batch", "--rounds", "2", "--", PY, job, "20", "3")
+    assert crashed.returncode == 1 and "exited with status 3" in crashed.stdout, crashed.stdout
+    assert check("--batch", "--load", "true", "--", PY, job).returncode == 2

@@ -265,7 +265,8 @@ def load_baseline(path: str) -> Baseline:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BaselineError(f"baseline {path} is damaged ({_why(exc)}): write it again with --update-baseline") from None
     baseline = Baseline(path, rounds, settings, str(data.get("command") or ""), data.get("created"), comparable_from)
-    if baseline.reference is None or not baseline.judged or baseline.reference.floor("rss") is None:
+    batch = baseline.settings.get("mode") == "batch"
+    if not baseline.judged or (not batch and (baseline.reference is None or baseline.reference.floor("rss") is None)):
         raise BaselineError(
             f"baseline {path} holds no completed rounds to compare with: write it again with --update-baseline"
         )
@@ -376,6 +377,8 @@ def judge(run: CheckRun, baseline: Baseline | None, tolerance_pct: float = DEFAU
     `compare` False: the run is to become the baseline; its growth is recorded, not judged (the
     other criteria still are: a run that crashed or leaks outright is no known-good run)."""
     tolerance = tolerance_pct / 100.0
+    if run.settings.get("mode") == "batch":
+        return _judge_batch(run, baseline, tolerance, tolerance_pct, compare)
     criteria: list[Criterion] = [_command_criterion(run)]
     if run.settings.get("load"):
         criteria.append(_load_criterion(run))
@@ -453,6 +456,49 @@ def _growth_criterion(series: str, g: Growth, b: Growth | None, tolerance: float
     message = (f"{label(series)} floor {_moved(g.per_round)} per round{per_request} "
                f"({against}; allowed {format_size(limit, sign=True)}: {why_allowed})")
     return Criterion(name, g.per_round <= limit, message, figures), allowed, expected
+
+
+def _judge_batch(run: CheckRun, baseline: Baseline | None, tolerance: float, tolerance_pct: float,
+                 compare: bool) -> Verdict:
+    """A batch command, run once per round: every run must succeed, and the median of its peaks must
+    stay within the tolerance of the baseline's. (What a run held last before exiting is recorded
+    as its `floor`, not judged: the last sample may fall in the interpreter's teardown.)"""
+    if run.stopped_by == "service":
+        command = Criterion("command", False, run.stopped or "the command failed", {"exit_status": run.exit_status})
+    else:
+        command = Criterion("command", True, f"the command succeeded in each of the {len(run.judged)} runs", {})
+    criteria = [command]
+    for series in run.series():
+        criteria.append(_batch_criterion(series, "peak", "peak", run, baseline, tolerance, tolerance_pct, compare))
+    passed = all(c.passed is not False for c in criteria)
+    return Verdict(passed, tuple(criteria), {}, {}, {}, (), {r.number: r.note or "failed" for r in run.rounds
+                                                           if not r.completed})
+
+
+def _batch_figure(rounds: Sequence[Round], series: str, kind: str) -> float | None:
+    values = [m.peak if kind == "peak" else m.floor for r in rounds
+              if r.number > 0 and r.completed and (m := r.memory.get(series)) is not None]
+    known = [float(v) for v in values if v is not None]
+    return _median(known) if known else None
+
+
+def _batch_criterion(series: str, kind: str, what: str, run: CheckRun, baseline: Baseline | None, tolerance: float,
+                     tolerance_pct: float, compare: bool) -> Criterion:
+    name = f"{series}-{kind}"
+    mine = _batch_figure(run.rounds, series, kind)
+    theirs = _batch_figure(baseline.rounds, series, kind) if baseline is not None else None
+    figures = {"median_bytes": _round(mine), "baseline_median_bytes": _round(theirs), "tolerance_pct": tolerance_pct}
+    if mine is None:
+        return Criterion(name, None, f"{label(series)}: no completed run to judge", figures)
+    said = f"{label(series)} {what}: {format_size(mine)} (median of the runs)"
+    if not compare:
+        return Criterion(name, None, f"{said}: recorded for the baseline, not judged", figures)
+    if theirs is None:
+        return Criterion(name, None, f"{said}: no baseline to compare with", figures)
+    limit = theirs * (1 + tolerance)
+    figures["limit_bytes"] = _round(limit)
+    return Criterion(name, mine <= limit, f"{said}; baseline {format_size(theirs)}, allowed {format_size(limit)} "
+                     f"(+{tolerance_pct:g}%)", figures)
 
 
 def _command_criterion(run: CheckRun) -> Criterion:
