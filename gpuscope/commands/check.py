@@ -1,4 +1,4 @@
-"""`gpuscope check [--rounds N] [--baseline F] [--tolerance PCT] [--junit F] [--json] -- COMMAND...`:
+"""`gpuscope check [--rounds N] [--baseline F] [--tolerance PCT] [--batch] [--junit F] [--json] -- COMMAND...`:
 the CI memory gate.
 
 Starts COMMAND (the service) under gpuscope's probe, as `gpuscope run` would, in a session of its
