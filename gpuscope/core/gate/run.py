@@ -596,7 +596,9 @@ def drive_batch(
         done = Round(number, number <= 0, time.monotonic() - started,
                      {s: Memory(last[s], peak[s]) for s in peak}, load_exit=status, completed=cut is None, note=cut)
         rounds.append(done)
-        progress(f"{what}: {_summary(done)}")
+        peaks = ", ".join(f"{'RSS' if s == 'rss' else 'GPU ' + s[3:]} peak {m.peak / 2**20:.1f} MiB"
+                          for s, m in sorted(done.memory.items()) if m.peak is not None)
+        progress(f"{what}: {cut or peaks or 'no memory read'} ({done.duration_s:.1f} s)")
         if cut is not None:
             stopped, stopped_by, exit_status = cut, "service", status
             break
