@@ -190,3 +190,33 @@ def test_the_alert_carries_the_command_from_the_info_series(tmp_path):
              "          - labels: '{command=\"python serve.py\"}'\n            value: 1\n")
     done = promtool_test(tmp_path, gpu_series(vals), [check], every=FAST_S)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_warm_up_then_a_slow_creep_never_fires(tmp_path):
+    # 300 MB in 60 s, then 0.3 MB/s (fragmentation, a log buffer): every floor after the warm-up is
+    # above the one before, but by a sliver of the horizon's rise, which is no ramp.
+    shape = lambda t: 300 * MB * min(t, 60) / 60 + 0.3 * MB * max(0.0, t - 60)  # noqa: E731
+    vals = values(shape, 10, seed=5, every=FAST_S, noise=0.2 * MB)
+    checks = fast_checks({m / 60: [] for m in range(60, 601, 10)})
+    done = promtool_test(tmp_path, gpu_series(vals), checks, every=FAST_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_one_step_in_slow_growth_never_fires(tmp_path):
+    # 1.5 MB/s (under the 1-minute horizon's leak rate) and one 150 MB step: the step carries most
+    # of the horizon's rise, which is no ramp, though the slope through it is over the rate.
+    shape = lambda t: 1.5 * MB * t + (150 * MB if t >= 100 else 0.0)  # noqa: E731
+    vals = values(shape, 4, seed=5, every=FAST_S, noise=0.2 * MB)
+    done = promtool_test(tmp_path, gpu_series(vals), fast_checks({m / 60: [] for m in range(100, 241, 10)}),
+                         every=FAST_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_rise_under_flat_bytes_is_flat_whatever_the_rate(tmp_path):
+    # Thresholds low enough that 0.2 MB/s is over the 1-minute horizon's rate (53 kB/s): its rise
+    # over that horizon, 10 MB, is under flat_bytes (16 MB), so it is flat there.
+    th = LeakThresholds(fast_rate=1e5, slow_bytes=1e8)
+    vals = values(lambda t: 0.2 * MB * t, 4, seed=5, every=FAST_S, noise=0.05 * MB)
+    done = promtool_test(tmp_path, gpu_series(vals), fast_checks({m / 60: [] for m in range(60, 241, 10)}),
+                         rules_text(th), every=FAST_S)
+    assert done.returncode == 0, done.stdout + done.stderr
