@@ -166,7 +166,7 @@ def to_junit(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
         case = _case("gpuscope.check.criteria", c.name, 0.0)
         if c.passed is False:
             detail = c.message
-            if c.name.endswith("-growth") or c.name == "leak":
+            if c.name.endswith("-growth") or c.name in ("leak", "sites"):
                 detail += "".join(f"\n{format_size(g.excess, sign=True, na='—')}/round  {g.site.function}  {g.site.where}" for g in verdict.sites)
             _child(case, "failure", c.message, type="gate", text=detail)
         elif c.passed is None:
