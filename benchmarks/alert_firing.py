@@ -8,19 +8,25 @@ rules rendered for `--horizons`). The GPU processes are real (`sleep` children, 
 reads their command lines and start times as on a node); their GPU memory is the fake NVML's,
 written to its scenario file every 0.5 s: each leaking process appears with 2 GB and grows at its
 rate from then on; each bounded cache appears with 2 GB, fills `--cache-mb` over `--cache-fill`
-seconds, then stays (a KV cache warming up: it must never fire).
+seconds, then stays (a KV cache warming up: it must never fire); each flat process with big
+temporaries holds 2 GB and, in 30 % of the 2-second slots (at random), `--temporary-mb` more
+(a batch's activations: it must never fire).
 
-Rounds overlap: every round starts one process per rate and one cache, `--stagger` seconds after
+Rounds overlap: every round starts one process per rate, one cache and one flat process with
+temporaries, `--stagger` seconds after
 the round before, so their leaks meet the rule evaluations at different phases. Per leak, from
 the moment its memory starts growing:
 - console: the exporter's own leak watch (the console's LeakWatch, the same code) raising its
   alert, `gpuscope_process_leak{memory="gpu"} == 1`, read from the exporter every 0.5 s;
 - pending / firing: the first `gpuscope` leak alert on that PID in Prometheus' /api/v1/alerts in
   the state pending, then firing, read every 0.5 s.
-Printed: median (min-max) over the rounds per rate; for the caches, whether anything fired.
+Printed: median (min-max) over the rounds per rate; for the caches and the temporaries, whether
+anything fired.
 
 Run:  .venv/bin/python benchmarks/alert_firing.py [--rates 2,10,50] [--rounds 3] [--stagger 15]
-          [--interval 1] [--horizons 300,1800] [--max-wait 480] [--json]
+          [--interval 1] [--horizons 300,1800] [--cache-mb 1500] [--cache-fill 60]
+          [--temporary-mb 800] [--watch 360] [--max-wait 480] [--json]
+The fleet's target: --rates 4 --interval 5 --cache-mb 300 (a 4 MB/s leak firing within 120 s).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -53,16 +60,19 @@ class Gpu:
 
     def __init__(self, path) -> None:
         self.path = path
-        self.shapes: dict[int, tuple[float, float, float | None]] = {}  # pid -> (start, rate, cap)
+        self.shapes: dict[int, tuple[float, float, float | None, float]] = {}  # pid -> (start, rate, cap, temporary)
         self.write(time.time())
 
-    def add(self, pid: int, start: float, rate: float, cap: float | None = None) -> None:
-        self.shapes[pid] = (start, rate, cap)
+    def add(self, pid: int, start: float, rate: float, cap: float | None = None, temporary: float = 0.0) -> None:
+        self.shapes[pid] = (start, rate, cap, temporary)
 
     def used(self, pid: int, now: float) -> int:
-        start, rate, cap = self.shapes[pid]
+        start, rate, cap, temporary = self.shapes[pid]
         grown = rate * max(0.0, now - start)
-        return int(BASE + (min(grown, cap) if cap is not None else grown))
+        held = min(grown, cap) if cap is not None else grown
+        if temporary and random.Random(int(now // 2) * 1_000_003 + pid).random() < 0.3:
+            held += temporary  # this 2-second slot's temporaries
+        return int(BASE + held)
 
     def write(self, now: float) -> None:
         scenario = {"devices": [{"name": "NVIDIA H200", "uuid": "GPU-bench0", "total": 150_000_000_000,
@@ -106,6 +116,9 @@ def main() -> int:
     parser.add_argument("--horizons", default="", help="render the rules for these horizons (s); default: as shipped")
     parser.add_argument("--cache-mb", type=float, default=1500.0)
     parser.add_argument("--cache-fill", type=float, default=60.0, help="seconds the cache takes to fill")
+    parser.add_argument("--temporary-mb", type=float, default=800.0, help="the flat process's temporaries")
+    parser.add_argument("--watch", type=float, default=360.0,
+                        help="watch the caches and temporaries this long at least, s (the 5-minute horizon's reach)")
     parser.add_argument("--max-wait", type=float, default=480.0, help="give a leak this long to fire, s")
     parser.add_argument("--json", action="store_true")
     opts = parser.parse_args()
@@ -166,19 +179,21 @@ def measure(cleanup: Cleanup, opts, rates: list[float]) -> dict:
 
     t0 = time.time()
     plan = [(t0 + k * opts.stagger, k, kind, rate) for k in range(opts.rounds)
-            for kind, rate in [*(("leak", r) for r in rates), ("cache", opts.cache_mb * MB / opts.cache_fill)]]
+            for kind, rate in [*(("leak", r) for r in rates), ("cache", opts.cache_mb * MB / opts.cache_fill),
+                               ("temporaries", 0.0)]]
     runs: dict[int, dict] = {}
     pending_plan = sorted(plan)
     deadline = t0 + (opts.rounds - 1) * opts.stagger + opts.max_wait
     said = t0
-    cache_watch_until = t0 + (opts.rounds - 1) * opts.stagger + opts.cache_fill + 60  # a minute of plateau
+    # the caches and the temporaries: a minute of plateau, and at least --watch seconds in all
+    cache_watch_until = t0 + (opts.rounds - 1) * opts.stagger + max(opts.cache_fill + 60, opts.watch)
     while True:
         now = time.time()
         while pending_plan and pending_plan[0][0] <= now:
             start, k, kind, rate = pending_plan.pop(0)
             proc = cleanup.popen(["sleep", "86400"])
             cap = opts.cache_mb * MB if kind == "cache" else None
-            gpu.add(proc.pid, now, rate, cap)
+            gpu.add(proc.pid, now, rate, cap, opts.temporary_mb * MB if kind == "temporaries" else 0.0)
             runs[proc.pid] = {"round": k, "kind": kind, "rate": rate, "start": now, "console": None,
                               "console_cleared": None, "pending": None, "firing": None}
         gpu.write(now)
@@ -212,7 +227,7 @@ def measure(cleanup: Cleanup, opts, rates: list[float]) -> dict:
         "settings": {"rates_mb_s": [r / MB for r in rates], "rounds": opts.rounds, "stagger_s": opts.stagger,
                      "interval_s": opts.interval, "exporter_refresh_s": opts.refresh,
                      "horizons": opts.horizons or "shipped", "cache_mb": opts.cache_mb,
-                     "cache_fill_s": opts.cache_fill, "max_wait_s": opts.max_wait},
+                     "cache_fill_s": opts.cache_fill, "temporary_mb": opts.temporary_mb, "max_wait_s": opts.max_wait},
         "wall_s": round(time.time() - t0, 1),
         "runs": sorted(runs.values(), key=lambda r: (r["kind"], r["rate"], r["round"])),
     }
@@ -240,6 +255,9 @@ def report(result: dict) -> None:
     rows.append([f"cache {s['cache_mb']:g} MB in {s['cache_fill_s']:g} s, then flat",
                  seconds_or_never([r["console"] for r in caches]), seconds_or_never([r["pending"] for r in caches]),
                  seconds_or_never([r["firing"] for r in caches])])
+    flat = [r for r in runs if r["kind"] == "temporaries"]
+    rows.append([f"flat, {s['temporary_mb']:g} MB temporaries", seconds_or_never([r["console"] for r in flat]),
+                 seconds_or_never([r["pending"] for r in flat]), seconds_or_never([r["firing"] for r in flat])])
     print_table("", ["process", "console alert s", "Prometheus pending s", "Prometheus firing s"], rows)
     cleared = [r["console_cleared"] for r in caches if r["console"] is not None]
     if cleared:

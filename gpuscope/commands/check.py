@@ -1,4 +1,4 @@
-"""`gpuscope check [--rounds N] [--baseline F] [--tolerance PCT] [--junit F] [--json] -- COMMAND...`:
+"""`gpuscope check [--rounds N] [--baseline F] [--tolerance PCT] [--batch] [--junit F] [--json] -- COMMAND...`:
 the CI memory gate.
 
 Starts COMMAND (the service) under gpuscope's probe, as `gpuscope run` would, in a session of its
@@ -47,6 +47,7 @@ from gpuscope.core.gate.run import (
     StartedService,
     TreeMemory,
     drive,
+    drive_batch,
     wait_ready,
 )
 from gpuscope.core.common.redact import redact_command
@@ -67,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-rounds", type=int, default=1, metavar="N",
                         help="rounds before those, not judged (default 1; 0: the idle service is the reference)")
     parser.add_argument("--load", metavar="CMD", help="shell command run once per round; the round ends when it exits")
+    parser.add_argument("--batch", action="store_true",
+                        help="COMMAND finishes (a batch job): run it once per round and compare the median of its peak "
+                             "memory with the baseline's, within --tolerance")
     parser.add_argument("--round-seconds", type=seconds(1.0, DAY_S), metavar="S",
                         help="without --load: each round lasts S seconds (default 10)")
     parser.add_argument("--settle", type=seconds(0.1, 3600.0), metavar="S",
@@ -113,6 +117,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     previous = {s: signal.signal(s, _raise_signalled) for s in (signal.SIGTERM, signal.SIGHUP)}
     service: StartedService | RunningService | None = None
     memory: TreeMemory | None = None
+    if args.batch:
+        return _run_batch(args, command, plan, baseline, progress, NvmlCollector)
     try:
         service, shown = _start(args, command)
         memory = TreeMemory(service.pid, NvmlCollector(), plan.gpu_interval_s)
@@ -137,6 +143,33 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return _report(args, outcome, baseline)
 
 
+def _run_batch(args: argparse.Namespace, command: list[str], plan: Plan, baseline: Baseline | None,
+               progress, nvml_collector) -> int:
+    env = launch_env(os.environ)
+    program = shutil.which(command[0], path=env.get("PATH")) if os.sep not in command[0] else command[0]
+    if program is None or not os.path.exists(program):
+        raise UsageError(f"no such program: {command[0]}")
+
+    def start() -> subprocess.Popen:
+        try:
+            return subprocess.Popen([program, *command[1:]], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=sys.stderr.fileno(), start_new_session=True)
+        except OSError as exc:
+            raise Failure(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+
+    previous = {s: signal.signal(s, _raise_signalled) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        outcome = drive_batch(start, plan, command=redact_command(command), progress=progress,
+                              memory_of=lambda pid: TreeMemory(pid, nvml_collector(), plan.gpu_interval_s))
+    except Signalled as sig:
+        print(f"gpuscope check: stopped by {sig}", file=sys.stderr)
+        return 128 + sig.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return _report(args, outcome, baseline)
+
+
 def _plan(args: argparse.Namespace, command: list[str], settings: Settings) -> tuple[Plan, Baseline | None]:
     """Every option checked before anything starts; the baseline read (one line when it is bad)."""
     if args.pid is not None and command:
@@ -151,6 +184,9 @@ def _plan(args: argparse.Namespace, command: list[str], settings: Settings) -> t
         raise UsageError(f"--tolerance is a percentage of the service's memory, from 0 to 100, not {args.tolerance:g}")
     if args.load is not None and not args.load.strip():
         raise UsageError("--load needs a command (it runs once per round, through /bin/sh -c)")
+    if args.batch and (args.pid is not None or args.load or args.round_seconds is not None or args.settle is not None):
+        raise UsageError("--batch runs COMMAND once per round until it exits: without --pid, --load, --round-seconds "
+                         "or --settle")
     if args.load and args.round_seconds is not None:
         raise UsageError("--round-seconds is for rounds without --load: with --load a round lasts until the load command exits")
     round_s = args.round_seconds if args.round_seconds is not None else DEFAULT_ROUND_S
@@ -173,8 +209,8 @@ def _plan(args: argparse.Namespace, command: list[str], settings: Settings) -> t
         first = max(0.0, reference.duration_s - settle) if reference is not None and reference.load_exit is not None else None
     plan = Plan(
         rounds=args.rounds, warmup_rounds=args.warmup_rounds, load=args.load, round_s=round_s, settle_s=settle,
-        round_timeout_s=args.round_timeout, memray=not args.no_memray, first_round_s=first,
-        thresholds=settings.thresholds,
+        round_timeout_s=args.round_timeout, memray=not args.no_memray and not args.batch, first_round_s=first,
+        thresholds=settings.thresholds, batch=args.batch,
     )
     return plan, baseline
 

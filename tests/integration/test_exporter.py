@@ -191,3 +191,43 @@ def test_exporter_imports_neither_the_console_nor_torch():
             "print(sorted(m for m in sys.modules if m.startswith(('textual', 'torch', 'gpuscope.tui'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def _exposition(collector) -> dict:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return {f.name: f.samples for f in text_string_to_metric_families(generate_latest(registry).decode())}
+
+
+def test_slow_sampling_keeps_the_growth_series_and_says_its_pace_and_the_command_is_on_one_series():
+    # A loaded node sampled every 15 s: the growth window widens to six of its samples instead of
+    # leaving the leaking process without a growth series (30 s held at most 2-3 of them).
+    from gpuscope.core.fleet.exporter import NodeCollector
+    from gpuscope.core.leak import LeakWatch
+    from gpuscope.core.node.model import Frame, HostProcess, NvmlReading, ProcessRow
+
+    now = [1000.0]
+    collector = NodeCollector("node-a", clock=lambda: now[0])
+    watch = LeakWatch()
+    proc = HostProcess(4242, 1.0, "svc", "python", "python serve.py --token=abc", 0, 0.0, True)
+    for k in range(8):
+        rss = 100_000_000 + 1_000_000 * 15 * k  # 1 MB/s
+        watch.add(("rss", 4242, 1.0), now[0], rss)
+        p = HostProcess(proc.pid, proc.create_time, proc.user, proc.name, proc.command, rss, 0.0, True)
+        row = ProcessRow(4242, "svc", None, None, rss, 0.0, "python serve.py")
+        collector.accept(Frame(now[0], "node-a", None, NvmlReading(status="NVML unavailable: no NVIDIA driver"),
+                               (row,)), (p,), watch)
+        now[0] += 15.0
+    families = _exposition(collector)
+    growth = families["gpuscope_process_memory_growth_bytes_per_second"]
+    assert [s.value for s in growth] == [pytest.approx(1e6, rel=0.05)], growth
+    assert "command" not in growth[0].labels
+    info = families["gpuscope_process_info"]
+    assert len(info) == 1 and info[0].labels["pid"] == "4242" and "serve.py" in info[0].labels["command"]
+    assert all("command" not in s.labels for name, ss in families.items() if name != "gpuscope_process_info"
+               for s in ss)
+    assert [s.value for s in families["gpuscope_exporter_sample_interval_seconds"]] == [15.0]
+    assert [s.labels["reason"] for s in families["gpuscope_nvml_up"]] == ["no-driver"]

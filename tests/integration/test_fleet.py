@@ -6,6 +6,8 @@ run (a fake `ssh` first on PATH), and `gpuscope diagnose --node` from the histor
 from __future__ import annotations
 
 import contextlib
+import threading
+import urllib.request
 import json
 import os
 import subprocess
@@ -23,9 +25,10 @@ from prometheus_server import prometheus_with_config
 class Fleet(tuple):
     """(url, leaker's PID), unpacked as such, with node-a's scenario file beside."""
 
-    def __new__(cls, url, pid, scenario):
+    def __new__(cls, url, pid, scenario, metrics=""):
         self = super().__new__(cls, (url, pid))
         self.scenario = scenario
+        self.metrics = metrics  # node-a's exporter
         return self
 
 
@@ -56,7 +59,7 @@ def fleet(tmp_path_factory):
                 f"      - targets: ['127.0.0.1:{port_b}']\n"
             )
             prom = stack.enter_context(prometheus_with_config(tmp, config))
-            yield Fleet(prom.url, leaker.pid, scenario)
+            yield Fleet(prom.url, leaker.pid, scenario, f"http://127.0.0.1:{port_a}/metrics")
     finally:
         leaker.kill()
         leaker.wait(timeout=10)
@@ -93,6 +96,24 @@ def test_fleet_rows_carry_both_nodes_sorted_by_growth(fleet):
             client.close()
 
     assert wait_until(paced, timeout=10, interval=0.5, what="the scrape interval") == pytest.approx(1.0, abs=0.3)
+
+    # Another reader of the exporter (a readiness probe, a second Prometheus) changes nothing.
+    stop = threading.Event()
+
+    def read_often():
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while not stop.wait(0.1):
+            with contextlib.suppress(OSError):
+                opener.open(fleet.metrics, timeout=2).read()
+
+    reader = threading.Thread(target=read_often, daemon=True)
+    reader.start()
+    try:
+        stop.wait(5)  # Prometheus scrapes node-a five times meanwhile, the reader ~50 times
+        assert paced() == pytest.approx(1.0, abs=0.3)
+    finally:
+        stop.set()
+        reader.join(timeout=5)
 
 
 def test_hostile_label_values_are_refused_and_made_printable():

@@ -53,6 +53,8 @@ GPU_MEMORY = "gpuscope_process_gpu_memory_bytes"
 RSS = "gpuscope_process_resident_memory_bytes"
 VERDICT = "gpuscope_process_leak_verdict"
 LEAK = "gpuscope_process_leak"
+INFO = "gpuscope_process_info"  # the command line, once per process (not on every series)
+READY = "gpuscope_exporter_ready"  # one series per exporter, written at every scrape
 IDENTITY = ("node", "pid", "start_time")  # one process (a reused PID is a new start_time)
 
 
@@ -130,9 +132,13 @@ def fleet_query(limit: int = FLEET_LIMIT, new_limit: int = NEW_LIMIT) -> str:
         "rss": f"{RSS} and {on} ({listed})",
         "verdict": f"{VERDICT} and {on} ({listed})",
         "leak": f"({LEAK} == 1) and {on} ({listed})",
-        # Each scrape of an exporter counts one: the inverse of the last two samples' rate is the pace
-        # Prometheus scrapes them at (none until two scrapes are in).
-        "interval": "1 / max(irate(gpuscope_exporter_scrapes_total[1m]))",
+        "info": f"{INFO} and {on} ({listed})",
+        # The pace Prometheus scrapes the exporters at, from the spacing of a series' own samples
+        # (the fastest-scraped exporter's): other readers of /metrics (readiness probes, a second
+        # Prometheus) add no sample to it. None until two samples are in.
+        # (The times of its samples over two minutes: their span over the changes between them.)
+        "interval": (f"min((max_over_time(timestamp({READY})[2m:1s]) - min_over_time(timestamp({READY})[2m:1s]))"
+                     f" / (changes(timestamp({READY})[2m:1s]) > 0))"),
     }
     return " or ".join(f'label_replace({expr}, "{TAG}", "{key}", "", "")' for key, expr in parts.items())
 
@@ -171,6 +177,8 @@ def fleet_rows(results: Sequence[Mapping]) -> tuple[tuple[FleetProcess, ...], fl
             row["series"][series_key] = (label(labels.get("verdict"), 20), label(labels.get("pattern"), 40))
         elif part == "leak" and value == 1:
             row["alerting"] = True
+        elif part == "info":
+            row["command"] = label(labels.get("command"), COMMAND_CHARS)
     rows = []
     for (node, pid_text, start), row in found.items():
         labels = row["labels"]
@@ -179,7 +187,7 @@ def fleet_rows(results: Sequence[Mapping]) -> tuple[tuple[FleetProcess, ...], fl
         gpus = row["gpus"]
         rows.append(FleetProcess(
             node=node, pid=int(pid_text), start_time=start,
-            command=label(labels.get("command"), COMMAND_CHARS), user=label(labels.get("user")),
+            command=row.get("command", ""), user=label(labels.get("user")),
             pod=label(labels.get("pod")), namespace=label(labels.get("namespace")),
             pod_uid=label(labels.get("pod_uid")),
             gpus=tuple(sorted(gpus)), gpu_bytes=sum(gpus.values()) if gpus else None,
@@ -383,8 +391,9 @@ def remote_evidence(client: FleetClient, node: str, pid: int, duration_s: float)
             device = DeviceEvidence(int(main), label(used["metric"].get("name", "")),
                                     int(total_bytes) if total_bytes else None, _series(used["values"], stamps))
     torch = {k: _series(got[k][0]["values"], stamps) if got.get(k) else None for k in ("allocated", "reserved")}
+    info = client.query(f"last_over_time({INFO}{{{sel}}}[{window}])")
     return Evidence(
-        pid=pid, command=label(labels.get("command"), COMMAND_CHARS), duration_s=stamps[-1] - stamps[0],
+        pid=pid, command=label(info[0]["metric"].get("command") if info else "", COMMAND_CHARS), duration_s=stamps[-1] - stamps[0],
         rss=rss, gpu=gpu, device=device, processes=_node_processes(client, on_node),
         allocated=torch["allocated"] if gpu is not None else None,
         reserved=torch["reserved"] if gpu is not None else None,
@@ -394,13 +403,15 @@ def remote_evidence(client: FleetClient, node: str, pid: int, duration_s: float)
 def _node_processes(client: FleetClient, on_node: str) -> tuple[ProcessRow, ...]:
     """The node's exported processes with their growth now: what step 4 ranks."""
     rows: dict[tuple[int, int | None], dict] = {}
+    commands = {r["metric"].get("pid", ""): label(r["metric"].get("command"), COMMAND_CHARS)
+                for r in client.query(f"{INFO}{{{on_node}}}")}
     for r in client.query(f"{GROWTH}{{{on_node}}}"):
         m = r["metric"]
         pid_text, gpu_text = m.get("pid", ""), m.get("gpu", "")
         if not pid_text.isdigit() or len(pid_text) > 10:
             continue
         gpu = int(gpu_text) if gpu_text.isdigit() and len(gpu_text) < 4 else None
-        row = rows.setdefault((int(pid_text), gpu), {"command": label(m.get("command"), COMMAND_CHARS)})
+        row = rows.setdefault((int(pid_text), gpu), {"command": commands.get(pid_text, "")})
         row["gpu_growth" if m.get("memory") == "gpu" else "rss_growth"] = _number(r["value"][1])
     # A GPU row takes its process's RSS growth from the row without a GPU: looked up, not searched
     # for (an answer holds up to MAX_SERIES rows).

@@ -10,8 +10,14 @@ the `top` largest by RSS or the `top` fastest growing, or when the leak watch al
 source judges every process's growth and keeps those that grow in detail, so the fastest growing
 are ranked among all of the node's processes, not among the largest); an
 exited process is simply absent from the next scrape. Every per-process series carries the same
-identifying labels: node, pid, start_time (so a reused PID is a new series), command (redacted,
-printable, short), user, and the Kubernetes pod UID and container id when the cgroup tells.
+identifying labels: node, pid, start_time (so a reused PID is a new series), user, and the
+Kubernetes pod UID and container id when the cgroup tells; the command line (redacted, printable,
+short) is on one series per process, `gpuscope_process_info`, to be joined on (node, pid,
+start_time) where it is wanted.
+
+Growth is the floor's slope over GROWTH_WINDOW_S, or over MIN_GROWTH_SAMPLES sampling intervals
+when the node is sampled more slowly than that allows (a loaded node): a slow tick widens the
+window rather than leaving the process without a growth series.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from prometheus_client.registry import Collector
 from gpuscope.core.node.host import HostCollector, HostProcess
 from gpuscope.core.leak import VERDICTS, LeakAssessment, LeakThresholds, LeakWatch
 from gpuscope.core.node.model import Frame, NvmlReading, TorchMemory
-from gpuscope.core.node.live import NodeSource
+from gpuscope.core.node.live import GROWTH_WINDOW_S, NodeSource
 from gpuscope.core.node.nvml import NvmlCollector
 from gpuscope.core.common.printable import printable
 
@@ -37,7 +43,11 @@ COMMAND_CHARS = 80
 LABEL_CHARS = 120
 CGROUP_READ_LIMIT = 64 * 1024  # /proc/PID/cgroup is a few lines; more is not one
 WATCHED_SERIES = 8192  # the leak watch's bound: 8 GPUs x 200 processes x (GPU + RSS) and the devices
-PROCESS_LABELS = ("node", "pid", "start_time", "command", "user", "pod_uid", "container_id")
+PROCESS_LABELS = ("node", "pid", "start_time", "user", "pod_uid", "container_id")
+INFO_LABELS = ("node", "pid", "start_time", "command", "user", "pod_uid", "container_id")
+MIN_GROWTH_SAMPLES = 6  # samples a growth window holds at least, however slowly the node is sampled
+# gpuscope_nvml_up's reason: a short enum (the full text is in the exporter's log and the console)
+NVML_REASONS = ("", "not-installed", "no-driver", "no-permission", "error")
 
 # Kubernetes names a pod's cgroup after its UID (dashes as underscores under the systemd driver):
 # .../kubepods-burstable-pod1b2c..._.../cri-containerd-<64 hex>.scope, or /kubepods/besteffort/pod<uid>/<64 hex>.
@@ -90,6 +100,8 @@ class Sample:
     assessments: dict
     at: float  # monotonic time it arrived
     seen: int | None = None  # processes on the node (all judged for growth; `processes`: those in detail)
+    growth: dict = field(default_factory=dict)  # the watch's key -> floor growth, bytes/s (None: too new)
+    interval_s: float | None = None  # seconds since the sample before (None: the first)
 
 
 @dataclass
@@ -120,6 +132,18 @@ def choose_exported(processes: Iterable[HostProcess], gpu_bytes: dict[int, float
     return sorted(chosen.values(), key=lambda p: p.pid)
 
 
+def nvml_reason(status: str | None) -> str:
+    """NVML's status as gpuscope_nvml_up's short `reason` ("" when it answers)."""
+    if status is None:
+        return ""
+    text = status.lower()
+    for reason, words in (("not-installed", ("not installed", "not nvidia's")), ("no-driver", ("driver",)),
+                          ("no-permission", ("permission",))):
+        if any(w in text for w in words):
+            return reason
+    return "error"
+
+
 class NodeCollector(Collector):
     """The prometheus_client collector: families built from the latest sample on each scrape."""
 
@@ -141,7 +165,22 @@ class NodeCollector(Collector):
 
     def accept(self, frame: Frame, processes: Iterable[HostProcess], watch: LeakWatch, seen: int | None = None) -> None:
         """Keep the latest frame (call from the source's on_frame, the thread that feeds `watch`)."""
-        self._sample = Sample(frame, tuple(processes), watch.assessments(), self._clock(), seen)
+        now = self._clock()
+        before = self._sample
+        interval = now - before.at if before is not None else None
+        window = max(GROWTH_WINDOW_S, MIN_GROWTH_SAMPLES * (interval or 0.0))
+        processes = tuple(processes)
+        starts = {p.pid: p.create_time for p in processes}
+        growth: dict[tuple, float | None] = {}
+        for r in frame.processes:  # the node's rows, as they come
+            start = starts.get(r.pid)
+            if start is None:
+                continue
+            growth[("rss", r.pid, start)] = watch.recent_growth(("rss", r.pid, start), window)
+            if r.gpu is not None:
+                key = ("gpu", r.pid, start, r.gpu)
+                growth[key] = watch.recent_growth(key, window)
+        self._sample = Sample(frame, processes, watch.assessments(), now, seen, growth, interval)
 
     # -- scraped ----------------------------------------------------------------------------------
 
@@ -177,12 +216,15 @@ class NodeCollector(Collector):
 
         gpu_bytes: dict[int, float] = {}
         growth: dict[int, float] = {}
+        starts = {p.pid: p.create_time for p in sample.processes}
         rows_by_pid: dict[int, list] = {}
         for r in frame.processes:
             rows_by_pid.setdefault(r.pid, []).append(r)
             if r.gpu is not None and r.gpu_memory_bytes is not None:
                 gpu_bytes[r.pid] = gpu_bytes.get(r.pid, 0) + r.gpu_memory_bytes
-            rates = [g for g in (r.gpu_growth_bytes_per_s, r.rss_growth_bytes_per_s) if g is not None]
+            start = starts.get(r.pid)
+            rates = [g for g in (sample.growth.get(("rss", r.pid, start)),
+                                 sample.growth.get(("gpu", r.pid, start, r.gpu))) if g is not None]
             if rates:
                 growth[r.pid] = max(growth.get(r.pid, rates[0]), *rates)
         alerting = {a.pid for a in frame.alerts if a.pid is not None}
@@ -190,6 +232,10 @@ class NodeCollector(Collector):
         torch: dict[int, TorchMemory] = {t.pid: t for t in frame.torch}
 
         memory_labels = (*PROCESS_LABELS, "memory", "gpu")
+        info = GaugeMetricFamily("gpuscope_process_info",
+                                 "1 for each exported process, with its command line (redacted, at most "
+                                 f"{COMMAND_CHARS} characters): join on node, pid, start_time.",
+                                 labels=INFO_LABELS)
         p_gpu = GaugeMetricFamily("gpuscope_process_gpu_memory_bytes",
                                   "GPU memory of the process on one GPU (NVML; includes the CUDA context).",
                                   labels=(*PROCESS_LABELS, "gpu"))
@@ -197,7 +243,8 @@ class NodeCollector(Collector):
                                   labels=PROCESS_LABELS)
         p_growth = GaugeMetricFamily(
             "gpuscope_process_memory_growth_bytes_per_second",
-            "Growth of the memory floor (minima over 30 s, Theil-Sen slope), as the console's growth column.",
+            f"Growth of the memory floor (Theil-Sen slope of its minima over {GROWTH_WINDOW_S:g} s, or over "
+            f"{MIN_GROWTH_SAMPLES} sampling intervals when sampling is slower), as the console's growth column.",
             labels=memory_labels)
         p_verdict = GaugeMetricFamily(
             "gpuscope_process_leak_verdict",
@@ -220,12 +267,13 @@ class NodeCollector(Collector):
             key = (p.pid, p.create_time)
             live.add(key)
             cg = self._cgroup(key)
-            ident = [node, str(p.pid), f"{p.create_time:.2f}", _short(p.command, COMMAND_CHARS),
-                     _short(p.user or "", LABEL_CHARS), cg.pod_uid, cg.container_id]
+            user = _short(p.user or "", LABEL_CHARS)
+            ident = [node, str(p.pid), f"{p.create_time:.2f}", user, cg.pod_uid, cg.container_id]
+            info.add_metric([*ident[:3], _short(p.command, COMMAND_CHARS), user, cg.pod_uid, cg.container_id], 1.0)
             if p.rss_bytes is not None:
                 p_rss.add_metric(ident, p.rss_bytes)
             rows = rows_by_pid.get(p.pid, ())
-            rss_growth = next((r.rss_growth_bytes_per_s for r in rows), None)
+            rss_growth = sample.growth.get(("rss", p.pid, p.create_time))
             # (memory, gpu label, growth, the watch's key, the alerts' key)
             series: list[tuple[str, str, float | None, tuple, tuple]] = [
                 ("rss", "", rss_growth, ("rss", p.pid, p.create_time), ("rss", p.pid, None))
@@ -235,7 +283,8 @@ class NodeCollector(Collector):
                     continue
                 if r.gpu_memory_bytes is not None:
                     p_gpu.add_metric([*ident, str(r.gpu)], r.gpu_memory_bytes)
-                series.append(("gpu", str(r.gpu), r.gpu_growth_bytes_per_s, ("gpu", p.pid, p.create_time, r.gpu),
+                series.append(("gpu", str(r.gpu), sample.growth.get(("gpu", p.pid, p.create_time, r.gpu)),
+                               ("gpu", p.pid, p.create_time, r.gpu),
                                ("gpu", p.pid, r.gpu)))
             for memory, gpu, rate, watch_key, alert_key in series:
                 labels = [*ident, memory, gpu]
@@ -261,20 +310,26 @@ class NodeCollector(Collector):
 
         status = frame.nvml.status
         nvml_up = GaugeMetricFamily("gpuscope_nvml_up", "1 when NVML answers, 0 when it cannot be read "
-                                    "(the reason in the label; host memory is still exported).",
+                                    f"(reason: {', '.join(r for r in NVML_REASONS if r)}; host memory is still exported).",
                                     labels=("node", "reason"))
-        nvml_up.add_metric([node, "" if status is None else _short(status, LABEL_CHARS)], 0.0 if status else 1.0)
+        nvml_up.add_metric([node, nvml_reason(status)], 0.0 if status else 1.0)
         age = GaugeMetricFamily("gpuscope_exporter_sample_age_seconds",
                                 "Seconds since the latest sample of the node (grows while reads hang).",
                                 labels=("node",))
         age.add_metric([node], max(0.0, self._clock() - sample.at))
+        spacing = GaugeMetricFamily("gpuscope_exporter_sample_interval_seconds",
+                                    "Seconds between the latest two samples of the node (the growth window "
+                                    f"widens to {MIN_GROWTH_SAMPLES} of them when that is over {GROWTH_WINDOW_S:g} s).",
+                                    labels=("node",))
+        if sample.interval_s is not None:
+            spacing.add_metric([node], sample.interval_s)
         procs = GaugeMetricFamily("gpuscope_exporter_processes",
                                   "Processes sampled on the node (seen) and exported with series (exported).",
                                   labels=("node", "state"))
         procs.add_metric([node, "seen"], sample.seen if sample.seen is not None else len(sample.processes))
         procs.add_metric([node, "exported"], len(exported))
-        return [gpu_used, gpu_total, p_gpu, p_rss, p_growth, p_verdict, p_leak, p_conf, p_floor, t_alloc, t_resv,
-                nvml_up, age, procs]
+        return [gpu_used, gpu_total, info, p_gpu, p_rss, p_growth, p_verdict, p_leak, p_conf, p_floor, t_alloc, t_resv,
+                nvml_up, age, spacing, procs]
 
     def _cgroup(self, key: tuple[int, float]) -> Cgroup:
         with self._cgroups_lock:

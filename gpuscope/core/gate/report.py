@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from gpuscope.core.gate.verdict import RESULT_SCHEMA, Baseline, CheckRun, Round, Verdict, label
-from gpuscope.core.common.units import format_bytes
+from gpuscope.core.common.units import format_size
 
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 SITES_HEADING = "memory allocated during a round and still held at its end; memray inside the service, through gpuscope's probe"
@@ -39,9 +39,9 @@ def to_json(run: CheckRun, verdict: Verdict, baseline: Baseline | None, toleranc
                      "requests", "p95_s", "sites": [{"function", "file", "line", "bytes", "count"}] | null,
                      "note", "growth": {series: floor minus the previous round's},
                      "growth_per_request": {series: ...}, "failed": why this round failed | null}],
-         "growth": {series: {"per_round_bytes", "noise_bytes", "reference_floor_bytes", "requests_per_round",
+         "growth": {series: {"per_round_bytes", "noise_bytes", "uncertainty_bytes", "reference_floor_bytes", "requests_per_round",
                              "per_request_bytes", "allowance_bytes", "baseline": {...the same} | null}},
-         "criteria": [{"name": "command" | "load" | "<series>-growth" | "leak",
+         "criteria": [{"name": "command" | "load" | "<series>-growth" | "leak" | "sites",
                        "status": "pass" | "fail" | "skipped", "message", "figures": {...}}],
          "sites_grown": [{"function", "file", "line", "bytes_per_round", "baseline_bytes_per_round"}],
          "exit_status": the service's, when it exited | null, "stopped": why the rounds ended early | null,
@@ -86,7 +86,7 @@ def to_json(run: CheckRun, verdict: Verdict, baseline: Baseline | None, toleranc
 def to_text(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
     failed = len(verdict.failed)
     judged = [c for c in verdict.criteria if c.passed is not None]
-    head = "PASS" if verdict.passed else f"FAIL ({failed} of {len(judged)} criteria failed)"
+    head = "PASS" if verdict.passed else f"FAIL ({failed} of {len(judged)} {'criterion' if len(judged) == 1 else 'criteria'} failed)"
     out = [f"gpuscope check: {head}", f"service: {printable(run.command)}", f"rounds: {printable(_rounds_line(run))}"]
     out.append(f"baseline: {printable(_baseline_line(baseline))}")
     out.append("")
@@ -97,8 +97,8 @@ def to_text(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
         out.append(f"{c.status.upper():7} {c.name:{width}}  {printable(c.message)}")
     if verdict.sites and not verdict.passed:
         out += ["", f"Sites that grew ({SITES_HEADING}):"]
-        out += [f"  {format_bytes(g.excess, sign=True, na='—')}/round  {printable(g.site.function)}  {printable(g.site.where)}"
-                f"{'' if not baseline else f'  (baseline {format_bytes(g.baseline_per_round)}/round)'}"
+        out += [f"  {format_size(g.excess, sign=True, na='—')}/round  {printable(g.site.function)}  {printable(g.site.where)}"
+                f"{'' if not baseline else f'  (baseline {format_size(g.baseline_per_round)}/round)'}"
                 for g in verdict.sites]
     notes = list(_notes(run))
     if notes:
@@ -121,9 +121,9 @@ def _rows(run: CheckRun, verdict: Verdict) -> list[list[str]]:
         for s in series:
             floor = r.floor(s) if r.completed else None
             growth = _delta(previous.get(s), floor) if r.number > 0 else None
-            row += [format_bytes(floor, na="—"), format_bytes(growth, sign=True, na='—')]
+            row += [format_size(floor, na="—"), format_size(growth, sign=True, na='—')]
             if s == series[0] and growth is not None and r.requests:
-                per_request = format_bytes(growth / r.requests, sign=True, na='—')
+                per_request = format_size(growth / r.requests, sign=True, na='—')
         row += ["—" if r.requests is None else str(r.requests), per_request,
                 "—" if r.p95_s is None else f"{r.p95_s:.3f} s"]
         if not r.completed:
@@ -166,8 +166,8 @@ def to_junit(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
         case = _case("gpuscope.check.criteria", c.name, 0.0)
         if c.passed is False:
             detail = c.message
-            if c.name.endswith("-growth") or c.name == "leak":
-                detail += "".join(f"\n{format_bytes(g.excess, sign=True, na='—')}/round  {g.site.function}  {g.site.where}" for g in verdict.sites)
+            if c.name.endswith("-growth") or c.name in ("leak", "sites"):
+                detail += "".join(f"\n{format_size(g.excess, sign=True, na='—')}/round  {g.site.function}  {g.site.where}" for g in verdict.sites)
             _child(case, "failure", c.message, type="gate", text=detail)
         elif c.passed is None:
             _child(case, "skipped", c.message)
@@ -178,9 +178,9 @@ def to_junit(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> str:
     skipped = sum(1 for c in cases if c.find("skipped") is not None)
     total_time = f"{sum(r.duration_s for r in run.rounds):.3f}"
     counts: dict[str, str] = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped), "time": total_time}
-    attributes = {"name": "gpuscope check", **counts}
-    root = ET.Element("testsuites", attributes)
-    suite = ET.SubElement(root, "testsuite", attributes)
+    # junit-10.xsd (Jenkins xUnit) allows no `skipped` on <testsuites>: only on the suite
+    root = ET.Element("testsuites", {"name": "gpuscope check", **{k: v for k, v in counts.items() if k != "skipped"}})
+    suite = ET.SubElement(root, "testsuite", {"name": "gpuscope check", **counts})
     props = ET.SubElement(suite, "properties")
     for name, value in (("command", run.command), ("baseline", baseline.path if baseline else "none"),
                         ("verdict", "pass" if verdict.passed else "fail")):
@@ -209,7 +209,7 @@ def _xml(text: object) -> str:
 
 
 def _round_figures(r: Round) -> str:
-    parts = [f"{label(s)} floor {format_bytes(m.floor)}, peak {format_bytes(m.peak)}" for s, m in r.memory.items()]
+    parts = [f"{label(s)} floor {format_size(m.floor)}, peak {format_size(m.peak)}" for s, m in r.memory.items()]
     if r.requests is not None:
         parts.append(f"{r.requests} requests")
     if r.p95_s is not None:
@@ -219,7 +219,7 @@ def _round_figures(r: Round) -> str:
     lines = ["; ".join(parts)]
     if r.sites:
         lines.append(f"sites ({SITES_HEADING}):")
-        lines += [f"  {format_bytes(s.bytes)}  {s.function}  {s.where}" for s in r.sites[:5]]
+        lines += [f"  {format_size(s.bytes)}  {s.function}  {s.where}" for s in r.sites[:5]]
     if r.note:
         lines.append(f"note: {r.note}")
     return "\n".join(lines)
@@ -247,8 +247,8 @@ def to_markdown(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> s
     if verdict.sites and not verdict.passed:
         out += ["### Sites that grew", "", f"Memory {SITES_HEADING}, per round:", "",
                 "| function | where | per round | baseline |", "|---|---|---|---|"]
-        out += [f"| `{_code(g.site.function)}` | `{_code(g.site.where)}` | {format_bytes(g.excess, sign=True, na='—')} | "
-                f"{format_bytes(g.baseline_per_round)} |" for g in verdict.sites]
+        out += [f"| `{_code(g.site.function)}` | `{_code(g.site.where)}` | {format_size(g.excess, sign=True, na='—')} | "
+                f"{format_size(g.baseline_per_round)} |" for g in verdict.sites]
         out.append("")
     charts = _charts(run)
     if charts:

@@ -87,15 +87,18 @@ class Plan:
     first_round_s: float | None = None  # the expected length of the first round (from a baseline)
     thresholds: LeakThresholds = field(default_factory=LeakThresholds)
 
+    batch: bool = False  # the command finishes: run once per round (drive_batch)
+
     @property
     def mode(self) -> str:
-        return "load" if self.load else "time"
+        return "batch" if self.batch else "load" if self.load else "time"
 
     def settings(self) -> dict:
         """What is reported and kept in a baseline (the load command redacted: it may carry a token)."""
         return {"mode": self.mode, "rounds": self.rounds, "warmup_rounds": self.warmup_rounds,
                 "load": redact_command(self.load) if self.load else None,
-                "round_s": None if self.load else self.round_s, "settle_s": self.settle_s}
+                "round_s": None if self.load or self.batch else self.round_s,
+                "settle_s": None if self.batch else self.settle_s}
 
 
 # -- the service -------------------------------------------------------------------------------------
@@ -544,6 +547,62 @@ def drive(
         notes.append(f"no GPU figures: {memory.gpu_status}")
     return CheckRun(command, plan.settings(), tuple(rounds), assessments, exit_status, stopped, stopped_by, tuple(notes),
                     comparable_from)
+
+
+def drive_batch(
+    start: Callable[[], subprocess.Popen],
+    plan: Plan,
+    *,
+    command: str,
+    memory_of: Callable[[int], TreeMemory],
+    progress: Callable[[str], None] = lambda line: None,
+) -> CheckRun:
+    """A batch command (one that finishes) run once per round, warm-ups first: per round its peak
+    memory and what it held last before it exited (the round's `floor`: what the run kept to its
+    end), sampled every `interval_s`. Stops at the first run that fails or runs past
+    `round_timeout_s`; the runs so far are kept. Nothing started is left running."""
+    rounds: list[Round] = []
+    stopped = stopped_by = None
+    exit_status = None
+    for number in range(1 - plan.warmup_rounds, plan.rounds + 1):
+        what = "warm-up run" if number <= 0 else f"run {number}/{plan.rounds}"
+        progress(f"{what}: running the command…")
+        proc = start()
+        memory = memory_of(proc.pid)
+        peak: dict[str, int] = {}
+        last: dict[str, int] = {}
+        started = time.monotonic()
+        cut = None
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - started > plan.round_timeout_s:
+                    cut = f"the command ran past the round timeout ({plan.round_timeout_s:g} s) in {what}"
+                    break
+                rss = memory.rss()
+                readings = {"rss": rss} if rss is not None else {}
+                readings.update({f"gpu{d}": used for d, used in (memory.gpu() or {}).items()})
+                for series, value in readings.items():
+                    peak[series] = max(value, peak.get(series, value))
+                    last[series] = value
+                time.sleep(plan.interval_s)
+        finally:
+            if proc.poll() is None:
+                stop_process_group(proc, timeout=2.0)
+            memory.close()
+        code = proc.returncode
+        status = 128 - code if code is not None and code < 0 else code
+        if cut is None and status != 0:
+            cut = f"the command exited with status {status} in {what}"
+        done = Round(number, number <= 0, time.monotonic() - started,
+                     {s: Memory(last[s], peak[s]) for s in peak}, load_exit=status, completed=cut is None, note=cut)
+        rounds.append(done)
+        peaks = ", ".join(f"{'RSS' if s == 'rss' else 'GPU ' + s[3:]} peak {m.peak / 2**20:.1f} MiB"
+                          for s, m in sorted(done.memory.items()) if m.peak is not None)
+        progress(f"{what}: {cut or peaks or 'no memory read'} ({done.duration_s:.1f} s)")
+        if cut is not None:
+            stopped, stopped_by, exit_status = cut, "service", status
+            break
+    return CheckRun(command, plan.settings(), tuple(rounds), {}, exit_status, stopped, stopped_by)
 
 
 def _summary(r: Round) -> str:

@@ -8,15 +8,26 @@ the last warm-up round, or the idle service before round 1 when there is no warm
 
 Growth per round is the Theil-Sen slope through the floors of round 0 and the judged rounds (one
 odd round cannot move it); the **noise** of a run is the largest distance of a floor from that
-line. A series fails when its growth per round exceeds the baseline's by more than the
-**allowance**:
+line, and the slope's **uncertainty** the floors' robust scatter about it (1.4826 x the median
+absolute distance) over the spread of the rounds (sqrt(sum (round - mean round)^2)), as for a
+least-squares slope: it shrinks as rounds are added. A series fails when its growth per round
+exceeds the baseline's by more than the **allowance**:
 
-    allowance = max(tolerance x the baseline's round-0 floor, NOISE_FACTOR x max(noise of the
-                    baseline, noise of this run))
+    allowance = max(tolerance x the baseline's round-0 floor, NOISE_FACTOR x max(uncertainty of
+                    the baseline, uncertainty of this run))
 
 so the tolerance is a share of the memory the service holds (a few percent), and a service whose
-floors scatter more than that (noisy temporaries) is given room for its own scatter: a flat
-service does not fail on noise, one that keeps what it allocates fails within a few rounds.
+floors scatter (noisy temporaries) is given room for what that scatter can do to the slope over
+this many rounds, not for the scatter itself: a steady rise fails however noisy the floors once
+there are rounds enough to see it.
+
+The allocation sites decide where the floors cannot: memray, inside the service, reports per
+round what the round allocated and still held at its end. A site that kept a steady amount in
+every tracked judged round (each at least STEADY_SHARE of its largest) is memory kept round after
+round; the `sites` criterion fails when such sites keep more per round than in the baseline by
+more than the tolerance's share of the floor, and the floor itself did not stay flat or fall (so
+an object replaced by one of the same size each round, whose memory the floor does not show, is
+not counted: its floor trend is about zero, which for noisy floors it may not read as).
 When both runs counted requests, the baseline's growth is scaled to this run's requests per
 round (the comparison is per request, whatever the speed of the machine). Without a baseline,
 the rounds are compared with a service that does not grow.
@@ -39,7 +50,7 @@ from gpuscope.core.leak.growth import theil_sen
 from gpuscope.core.leak import LeakAssessment
 from gpuscope.core.common.atomic import RefusedPath, read_regular
 from gpuscope.core.common.json_depth import nests_deeper
-from gpuscope.core.common.units import format_bytes
+from gpuscope.core.common.units import format_size
 from gpuscope.errors import UsageError
 
 BASELINE_SCHEMA = "gpuscope.check-baseline/1"
@@ -52,6 +63,9 @@ MAX_BASELINE_DEPTH = 16  # a baseline nests 6 deep (rounds, a round, its sites, 
 SITES_PER_ROUND = 10  # allocation sites kept per round (largest first)
 SITES_SHOWN = 5
 MIN_SITE_EXCESS = 64 << 10  # a site must hold this much more per round than in the baseline to count
+STEADY_SHARE = 0.9  # a steady site kept at least this share of its largest amount in every judged round
+MIN_STEADY_ROUNDS = 2  # judged rounds with sites that a steady site needs
+ROBUST_SIGMA = 1.4826  # median absolute deviation -> standard deviation, for normal scatter
 
 
 class BaselineError(UsageError):
@@ -263,7 +277,8 @@ def load_baseline(path: str) -> Baseline:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BaselineError(f"baseline {path} is damaged ({_why(exc)}): write it again with --update-baseline") from None
     baseline = Baseline(path, rounds, settings, str(data.get("command") or ""), data.get("created"), comparable_from)
-    if baseline.reference is None or not baseline.judged or baseline.reference.floor("rss") is None:
+    batch = baseline.settings.get("mode") == "batch"
+    if not baseline.judged or (not batch and (baseline.reference is None or baseline.reference.floor("rss") is None)):
         raise BaselineError(
             f"baseline {path} holds no completed rounds to compare with: write it again with --update-baseline"
         )
@@ -281,11 +296,13 @@ class Growth:
     noise: float  # bytes: the largest distance of a floor from that line
     reference_floor: int | None  # round 0's floor
     requests_per_round: float | None  # mean over the judged rounds, when every one counted
+    uncertainty: float = 0.0  # bytes per round: the slope's robust standard error
 
     def to_json(self) -> dict:
         return {
             "per_round_bytes": _round(self.per_round),
             "noise_bytes": _round(self.noise),
+            "uncertainty_bytes": _round(self.uncertainty),
             "reference_floor_bytes": self.reference_floor,
             "requests_per_round": _round(self.requests_per_round, 2),
             "per_request_bytes": _round(self.per_request, 2),
@@ -358,8 +375,11 @@ def growth_of(rounds: Sequence[Round], series: str, since: int = 0) -> Growth:
     if slope is None:
         return Growth(None, 0.0, reference, requests)
     intercept = _median([v - slope * t for t, v in points])
-    noise = max(abs(v - (intercept + slope * t)) for t, v in points)
-    return Growth(slope, noise, reference, requests)
+    residuals = [abs(v - (intercept + slope * t)) for t, v in points]
+    mean_t = sum(t for t, _ in points) / len(points)
+    spread = math.sqrt(sum((t - mean_t) ** 2 for t, _ in points))
+    uncertainty = ROBUST_SIGMA * _median(residuals) / spread if len(points) > 2 else 0.0
+    return Growth(slope, max(residuals), reference, requests, uncertainty)
 
 
 def judge(run: CheckRun, baseline: Baseline | None, tolerance_pct: float = DEFAULT_TOLERANCE_PCT, *,
@@ -369,6 +389,8 @@ def judge(run: CheckRun, baseline: Baseline | None, tolerance_pct: float = DEFAU
     `compare` False: the run is to become the baseline; its growth is recorded, not judged (the
     other criteria still are: a run that crashed or leaks outright is no known-good run)."""
     tolerance = tolerance_pct / 100.0
+    if run.settings.get("mode") == "batch":
+        return _judge_batch(run, baseline, tolerance, tolerance_pct, compare)
     criteria: list[Criterion] = [_command_criterion(run)]
     if run.settings.get("load"):
         criteria.append(_load_criterion(run))
@@ -383,7 +405,7 @@ def judge(run: CheckRun, baseline: Baseline | None, tolerance_pct: float = DEFAU
         if b is not None and b.per_round is not None:
             base_growth[series] = b
         if not compare:
-            criteria.append(Criterion(f"{series}-growth", None, f"{label(series)} floor grew {format_bytes(g.per_round, sign=True)} "
+            criteria.append(Criterion(f"{series}-growth", None, f"{label(series)} floor {_moved(g.per_round)} "
                                       "per round: recorded for the baseline, not judged"))
             continue
         criterion, allowed, expected = _growth_criterion(series, g, b if b and b.per_round is not None else None,
@@ -397,9 +419,10 @@ def judge(run: CheckRun, baseline: Baseline | None, tolerance_pct: float = DEFAU
                 before, now = previous.get(r.number - 1), r.floor(series)
                 if before is not None and now is not None and now - before > expected + allowed:
                     round_failures.setdefault(
-                        r.number, f"{label(series)} floor grew {format_bytes(now - before)} in this round "
-                                  f"(allowed {format_bytes(expected + allowed)})")
+                        r.number, f"{label(series)} floor grew {format_size(now - before)} in this round "
+                                  f"(allowed {format_size(expected + allowed)})")
     criteria.append(_leak_criterion(run))
+    criteria.append(_sites_criterion(run, baseline, growth.get("rss"), tolerance, tolerance_pct, compare))
     sites = grown_sites(run.rounds, baseline.rounds if baseline is not None else ())
     passed = all(c.passed is not False for c in criteria)
     return Verdict(passed, tuple(criteria), growth, base_growth, allowance, sites, round_failures)
@@ -412,8 +435,9 @@ def _growth_criterion(series: str, g: Growth, b: Growth | None, tolerance: float
         return Criterion(name, None, f"{label(series)}: no completed round to judge"), None, 0.0
     reference = b.reference_floor if b is not None and b.reference_floor else g.reference_floor
     noise = max(g.noise, b.noise if b is not None else 0.0)
+    uncertainty = max(g.uncertainty, b.uncertainty if b is not None else 0.0)
     share = tolerance * (reference or 0)
-    allowed = max(share, NOISE_FACTOR * noise)
+    allowed = max(share, NOISE_FACTOR * uncertainty)
     expected = 0.0
     if b is not None:
         expected = max(0.0, b.per_round or 0.0)
@@ -426,6 +450,7 @@ def _growth_criterion(series: str, g: Growth, b: Growth | None, tolerance: float
         "expected_growth_per_round_bytes": _round(expected),
         "allowance_bytes": _round(allowed),
         "noise_bytes": _round(noise),
+        "uncertainty_bytes": _round(uncertainty),
         "tolerance_pct": tolerance_pct,
         "reference_floor_bytes": reference,
         "growth_per_request_bytes": _round(g.per_request, 2),
@@ -433,15 +458,59 @@ def _growth_criterion(series: str, g: Growth, b: Growth | None, tolerance: float
     if b is None:
         against = "no baseline: compared with no growth"
     elif expected != max(0.0, b.per_round or 0.0):
-        against = f"baseline {format_bytes(b.per_round, sign=True)}/round, {format_bytes(expected, sign=True)} at this run's requests per round"
+        against = (f"baseline {format_size(b.per_round, sign=True)}/round, {format_size(expected, sign=True)} "
+                   "at this run's requests per round")
     else:
-        against = f"baseline {format_bytes(b.per_round, sign=True)}/round"
-    why_allowed = (f"{tolerance_pct:g}% of {format_bytes(reference)}" if allowed == share
-                   else f"{NOISE_FACTOR:g} x the rounds' noise of {format_bytes(noise)}")
-    per_request = f", {format_bytes(g.per_request, sign=True)} per request" if g.per_request is not None else ""
-    message = (f"{label(series)} floor grew {format_bytes(g.per_round, sign=True)} per round{per_request} "
-               f"({against}; allowed {format_bytes(limit, sign=True)}: {why_allowed})")
+        against = f"baseline {format_size(b.per_round, sign=True)}/round"
+    why_allowed = (f"{tolerance_pct:g}% of {format_size(reference)}" if allowed == share
+                   else f"{NOISE_FACTOR:g} x the trend's uncertainty of {format_size(uncertainty)} over these rounds")
+    per_request = f", {format_size(g.per_request, sign=True)} per request" if g.per_request is not None else ""
+    message = (f"{label(series)} floor {_moved(g.per_round)} per round{per_request} "
+               f"({against}; allowed {format_size(limit, sign=True)}: {why_allowed})")
     return Criterion(name, g.per_round <= limit, message, figures), allowed, expected
+
+
+def _judge_batch(run: CheckRun, baseline: Baseline | None, tolerance: float, tolerance_pct: float,
+                 compare: bool) -> Verdict:
+    """A batch command, run once per round: every run must succeed, and the median of its peaks must
+    stay within the tolerance of the baseline's. (What a run held last before exiting is recorded
+    as its `floor`, not judged: the last sample may fall in the interpreter's teardown.)"""
+    if run.stopped_by == "service":
+        command = Criterion("command", False, run.stopped or "the command failed", {"exit_status": run.exit_status})
+    else:
+        command = Criterion("command", True, f"the command succeeded in each of the {len(run.judged)} runs", {})
+    criteria = [command]
+    for series in run.series():
+        criteria.append(_batch_criterion(series, "peak", "peak", run, baseline, tolerance, tolerance_pct, compare))
+    passed = all(c.passed is not False for c in criteria)
+    return Verdict(passed, tuple(criteria), {}, {}, {}, (), {r.number: r.note or "failed" for r in run.rounds
+                                                           if not r.completed})
+
+
+def _batch_figure(rounds: Sequence[Round], series: str, kind: str) -> float | None:
+    values = [m.peak if kind == "peak" else m.floor for r in rounds
+              if r.number > 0 and r.completed and (m := r.memory.get(series)) is not None]
+    known = [float(v) for v in values if v is not None]
+    return _median(known) if known else None
+
+
+def _batch_criterion(series: str, kind: str, what: str, run: CheckRun, baseline: Baseline | None, tolerance: float,
+                     tolerance_pct: float, compare: bool) -> Criterion:
+    name = f"{series}-{kind}"
+    mine = _batch_figure(run.rounds, series, kind)
+    theirs = _batch_figure(baseline.rounds, series, kind) if baseline is not None else None
+    figures = {"median_bytes": _round(mine), "baseline_median_bytes": _round(theirs), "tolerance_pct": tolerance_pct}
+    if mine is None:
+        return Criterion(name, None, f"{label(series)}: no completed run to judge", figures)
+    said = f"{label(series)} {what}: {format_size(mine)} (median of the runs)"
+    if not compare:
+        return Criterion(name, None, f"{said}: recorded for the baseline, not judged", figures)
+    if theirs is None:
+        return Criterion(name, None, f"{said}: no baseline to compare with", figures)
+    limit = theirs * (1 + tolerance)
+    figures["limit_bytes"] = _round(limit)
+    return Criterion(name, mine <= limit, f"{said}; baseline {format_size(theirs)}, allowed {format_size(limit)} "
+                     f"(+{tolerance_pct:g}%)", figures)
 
 
 def _command_criterion(run: CheckRun) -> Criterion:
@@ -458,6 +527,8 @@ def _load_criterion(run: CheckRun) -> Criterion:
         return Criterion("load", False, run.stopped or "the load command failed",
                          {"exit_status": next((r.load_exit for r in run.rounds if not r.completed), None)})
     ran = sum(1 for r in run.rounds if r.load_exit == 0)
+    if ran == 0:
+        return Criterion("load", None, f"the load command never ran ({run.stopped or 'no round ran'})", {})
     return Criterion("load", True, f"the load command succeeded in each of the {ran} rounds it ran", {})
 
 
@@ -471,6 +542,71 @@ def _leak_criterion(run: CheckRun) -> Criterion:
         return Criterion("leak", False, f"the leak detector calls {label(series)} a leak: {a.reason}", figures)
     words = "; ".join(f"{label(s)}: {a.verdict} ({a.pattern})" for s, a in run.leak.items())
     return Criterion("leak", True, f"no leak found outright ({words})", figures)
+
+
+def steady_sites(rounds: Sequence[Round], baseline_rounds: Sequence[Round]) -> tuple[list[GrownSite], int]:
+    """(sites that kept a steady amount in every tracked judged round, beyond the baseline's per
+    round, most first; how many judged rounds were tracked)."""
+    tracked = [r for r in rounds if r.number > 0 and r.completed and r.sites is not None]
+    theirs, _ = _per_round(baseline_rounds)
+    kept: dict[tuple, list[Site]] = {}
+    for r in tracked:
+        for s in r.sites or ():
+            kept.setdefault(s.key, []).append(s)
+    out = []
+    for key, seen in kept.items():
+        if len(seen) != len(tracked) or len(tracked) < MIN_STEADY_ROUNDS:
+            continue
+        amounts = [float(s.bytes) for s in seen]
+        middle = _median(amounts)
+        if middle <= 0 or min(amounts) < STEADY_SHARE * max(amounts):
+            continue
+        g = GrownSite(max(seen, key=lambda s: s.bytes), middle, theirs.get(key, 0.0))
+        if g.excess >= MIN_SITE_EXCESS:
+            out.append(g)
+    out.sort(key=lambda g: -g.excess)
+    return out, len(tracked)
+
+
+def _sites_criterion(run: CheckRun, baseline: Baseline | None, rss: Growth | None, tolerance: float,
+                     tolerance_pct: float, compare: bool) -> Criterion:
+    steady, tracked = steady_sites(run.judged, baseline.rounds if baseline is not None else ())
+    if tracked < MIN_STEADY_ROUNDS:
+        return Criterion("sites", None, f"allocation sites were tracked in {tracked} judged "
+                         f"{'round' if tracked == 1 else 'rounds'}: {MIN_STEADY_ROUNDS} are needed")
+    reference = (baseline.reference.floor("rss") if baseline is not None and baseline.reference is not None
+                 else None) or (rss.reference_floor if rss is not None else None) or 0
+    allowed = tolerance * reference
+    kept = sum(g.excess for g in steady)
+    floor_rose = rss is not None and rss.per_round is not None and rss.per_round > 0
+    figures = {"steady_bytes_per_round": round(kept), "allowance_bytes": round(allowed), "rounds": tracked,
+               "sites": [g.to_json() for g in steady[:SITES_SHOWN]]}
+    if not steady:
+        return Criterion("sites", True if compare else None,
+                         f"no allocation site kept a steady amount in each of the {tracked} tracked rounds", figures)
+    top = steady[0]
+    against = f", baseline {format_size(top.baseline_per_round)}" if baseline is not None else ""
+    what = (f"{_site_name(top.site)} kept {format_size(top.per_round)} in each of the {tracked} tracked rounds"
+            f"{against}; steady sites keep {format_size(kept, sign=True)} a round"
+            f"{' beyond the baseline' if baseline is not None else ''} (allowed {format_size(allowed)}: "
+            f"{tolerance_pct:g}% of {format_size(reference)})")
+    if not compare:
+        return Criterion("sites", None, f"{what}: recorded for the baseline, not judged", figures)
+    if kept > allowed and floor_rose:
+        return Criterion("sites", False, what, figures)
+    why = "within the allowance" if kept <= allowed else "but the floor did not rise"
+    return Criterion("sites", True, f"{what}: {why}", figures)
+
+
+def _site_name(site: Site) -> str:
+    return f"{site.function} ({site.where})"
+
+
+def _moved(per_round: float | None) -> str:
+    """'grew +1.0 MiB', 'fell 144 KiB', 'grew N/A'."""
+    if per_round is not None and per_round < 0:
+        return f"fell {format_size(-per_round)}"
+    return f"grew {format_size(per_round, sign=True)}"
 
 
 def grown_sites(rounds: Sequence[Round], baseline_rounds: Sequence[Round]) -> tuple[GrownSite, ...]:
