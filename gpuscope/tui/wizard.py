@@ -35,6 +35,7 @@ from gpuscope.core.common.atomic import private_folder, write_private
 from gpuscope.core.diagnosis.steps import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step
 from gpuscope.core.diagnosis.evidence import VERDICT, evidence_lines
 from gpuscope.core.common.printable import printable
+from gpuscope.core.node.command_display import short_command
 from gpuscope.folders import exports_dir
 from gpuscope.tui.app_session import console_of, session_of
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
@@ -44,6 +45,8 @@ from gpuscope.tui.textlines import TextLines
 
 HISTORY_S = 3600.0  # diagnose over up to the last hour the console recorded
 ATTRIBUTION_S = 10.0
+NAME_CELLS = 60  # the process's name in the title: enough to tell one service from another
+
 def mark_of(status: str, palette: Palette) -> tuple[str, str]:
     """(the mark, its style) of a step's status, in the theme's colours; "?" for a status no
     gpuscope writes (a replayed recording was damaged)."""
@@ -203,7 +206,9 @@ class WizardScreen(Screen[None]):
         p = self.palette
         verdict_style = {"leak": f"bold {p.error}", "no-leak": f"bold {p.success}"}.get(d.verdict, f"bold {p.warning}")
         text = Text.assemble(
-            (f"Diagnosis of PID {d.pid} ", "bold"),
+            (f"Diagnosis of PID {d.pid}", "bold"),
+            (f" ({short_command(d.command, NAME_CELLS)})" if d.command else "", "bold"),
+            ": ",
             (f"{d.verdict}", verdict_style),
             f" ({d.pattern}) · {d.memory_source} memory over {d.duration_s:.0f} s of what the console recorded",
         )

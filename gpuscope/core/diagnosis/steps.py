@@ -28,6 +28,7 @@ from gpuscope.core.diagnosis.evidence import (
 from gpuscope.core.leak.growth import floor_growth, theil_sen
 from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend, kendall_tau
 from gpuscope.core.common.markdown import md_code, md_text
+from gpuscope.core.node.command_display import short_command
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.serving.profiles import is_model_stage, model_stages
 from gpuscope.core.serving.model import FleetRow, ServingSnapshot
@@ -406,10 +407,23 @@ def step_locate(ev: Evidence, memory: LeakAssessment | None, source: str,
     where = f"on GPU{device}" if source == "gpu" else "on this host"
     if top_pid == ev.pid:
         status = ALERT if memory is not None and memory.is_leak else OK
-        return Step(4, title, status, f"PID {ev.pid} grows fastest {where} ({format_rate(top_growth)} MB/s).",
+        return Step(4, title, status, f"{_named(ev, ev.pid)} grows fastest {where} ({format_rate(top_growth)} MB/s).",
                     "Confirm it is the service you expect, then classify the growth (step 6).", evidence)
-    return Step(4, title, WARN, f"PID {top_pid} grows faster {where} ({format_rate(top_growth)} MB/s) than PID {ev.pid}.",
+    return Step(4, title, WARN, f"{_named(ev, top_pid)} grows faster {where} ({format_rate(top_growth)} MB/s) "
+                f"than {_named(ev, ev.pid)}.",
                 f"Diagnose PID {top_pid} as well: gpuscope diagnose --pid {top_pid}", evidence)
+
+
+NAME_CHARS = 60  # a process's name in a finding: enough to tell one service from another
+
+
+def _named(ev: Evidence, pid: int) -> str:
+    """`PID 123 (serve.py --port 8000 · /usr/bin/python3)`: what the process runs first, so the
+    operator can confirm it is the service they expect; the PID alone where its command is not known."""
+    command = ev.command if pid == ev.pid else next((r.command for r in ev.processes if r.pid == pid), "")
+    if not command:
+        return f"PID {pid}"
+    return f"PID {pid} ({short_command(command, NAME_CHARS)})"
 
 
 def _fleet_json(row: FleetRow) -> dict:
