@@ -135,6 +135,9 @@ class GpuScopeApp(ChangedCellsApp):
         Binding("J", "replay_jump_to", "Jump to a time", show=False),
     ]
     REPLAY_ACTIONS = ("replay_toggle", "replay_step", "replay_jump", "replay_speed", "replay_jump_to")
+    # Over the fleet view, the console's own keys would act on the node's processes hidden behind it
+    # (`w` would diagnose a local PID while the cursor is on another machine's row): only these stay.
+    FLEET_ACTIONS = ("quit", "pop_screen", "suspend_process", "command_palette")
 
     def _fatal_error(self) -> None:
         # Textual's own shows every frame's local variables: data from other users' processes
@@ -185,6 +188,8 @@ class GpuScopeApp(ChangedCellsApp):
         """Every key's action is also in the command palette (Ctrl+P): the mouse and keys are optional."""
         # Textual's own theme picker lists its themes too and forgets the choice: ours replace it.
         yield from (c for c in super().get_system_commands(screen) if c.title != "Theme")
+        if self.fleet is not None and self._over_fleet():
+            return  # the node's actions would act on the console hidden behind the fleet view
         yield SystemCommand("Next theme", "Cycle through gpuscope's themes (remembered)", self.action_next_theme)
         for name in self._theme_names:
             yield SystemCommand(f"Theme: {name}", "Use this colour theme (remembered)", partial(self.use_theme, name))
@@ -215,7 +220,14 @@ class GpuScopeApp(ChangedCellsApp):
             yield SystemCommand("Replay: faster", "Double the speed", partial(self.action_replay_speed, 1))
             yield SystemCommand("Replay: jump to a time", "+90, -5m, 14:05:30, start, end", self.action_replay_jump_to)
 
+    def _over_fleet(self) -> bool:
+        from gpuscope.tui.fleet import FleetScreen
+
+        return isinstance(self.screen, FleetScreen)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action not in self.FLEET_ACTIONS and self.fleet is not None and self._over_fleet():
+            return False
         if action == "cursor":  # j/k move the table, not a table hidden behind another screen
             return self.screen is self.screen_stack[0]
         if action in self.REPLAY_ACTIONS:
