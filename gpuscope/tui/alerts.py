@@ -94,13 +94,15 @@ class AlertBar(TextLines):
 
     def _keep_or_pick(self) -> None:
         kept = self.shown
-        if kept is not None and (self._picked or not kept.ended or all(a.ended for a in self.alerts)):
-            return
-        # Nothing held (or an exited one while a live one is listed): the attached process's
-        # alert if it has one, else the first (live ones come first, fastest first).
         live = [a for a in self.alerts if not a.ended] or list(self.alerts)
-        first = next((a for a in live if self._attached is not None and a.pid == self._attached), None)
-        first = first or (live[0] if live else None)
+        attached = next((a for a in live if self._attached is not None and a.pid == self._attached), None)
+        if kept is not None and (self._picked or not kept.ended or all(a.ended for a in self.alerts)) \
+                and (self._picked or attached is None or kept.pid == attached.pid):
+            return
+        # Nothing held, an exited one while a live one is listed, or the attached process's alert
+        # has come (the process the operator follows): that one, else the first (live ones come
+        # first, fastest first).
+        first = attached or (live[0] if live else None)
         self._shown = identity(first) if first is not None else None
         self._picked = False
 

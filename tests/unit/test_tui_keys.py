@@ -146,6 +146,18 @@ async def test_the_bar_holds_its_alert_when_another_grows_faster_and_says_which_
         assert app.screen.pid == 4243  # the alert the operator saw, not the faster newcomer
 
 
+async def test_the_attached_process_s_alert_takes_the_bar_when_it_comes():
+    source = FakeSource(frame(alerts=(FASTER,), focus=replace(frame().focus, pid=4243), selected_pid=4243))
+    app = GpuScopeApp(live(source))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert "PID 9001" in app.query_one(AlertBar).text.plain
+        source.send(frame(alerts=(FASTER, LIVE), focus=replace(frame().focus, pid=4243), selected_pid=4243))
+        await pilot.pause()
+        bar = app.query_one(AlertBar).text.plain
+        assert "PID 4243" in bar and "w: diagnose" in bar, bar
+
+
 async def test_the_bar_shows_the_attached_process_s_alert_first():
     attached = frame(alerts=(FASTER, LIVE), focus=replace(frame().focus, pid=4243), selected_pid=4243)
     app = GpuScopeApp(live(FakeSource(attached)))

@@ -94,6 +94,9 @@ class Evidence:
     # memory is in the RSS samples taken meanwhile, which the memory trend leaves out.
     instrumented: tuple[tuple[float, float], ...] = ()
     ended_at: float | None = None  # wall clock of time 0 on the clock of the series (the window's end)
+    # Whether the process serves the service's signals (it or its tree listens on the metrics
+    # endpoint): False skips steps 3 and 5; None (not known) has them say what they judge.
+    serves: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,11 +347,31 @@ def service_numbers(ev: Evidence) -> ServiceNumbers | None:
                      for st in end.stages))
 
 
+def _not_the_service(ev: Evidence, number: int, title: str) -> Step | None:
+    """Steps 3 and 5 judge the service: skipped for a process known not to serve it."""
+    end = ev.serving_end
+    if ev.serves is False and end is not None:
+        return Step(number, title, SKIPPED,
+                    f"skipped: PID {ev.pid} is not the service (neither it nor its parent or children listen on "
+                    f"{end.target}): the service's signals do not bear on it.")
+    return None
+
+
+def _whose(ev: Evidence) -> str:
+    """Said where it is not known that the process serves the signals a step judges."""
+    if ev.serves:
+        return ""
+    return f" These are the service's signals ({ev.serving_end.target if ev.serving_end else '?'}): they bear on " \
+           f"PID {ev.pid} only if it serves them."
+
+
 def step_throughput(ev: Evidence, service: ServiceNumbers | None = None) -> Step:
     title = TITLES[2]
     end = ev.serving_end
     if end is None:
         return Step(3, title, SKIPPED, "skipped: no metrics source (give --metrics-url or --prometheus).")
+    if (other := _not_the_service(ev, 3, title)) is not None:
+        return other
     if not end.ok and end.as_of is None:
         return Step(3, title, SKIPPED, f"skipped: the metrics source did not answer ({end.state}).")
     n = service or service_numbers(ev)
@@ -372,10 +395,12 @@ def step_throughput(ev: Evidence, service: ServiceNumbers | None = None) -> Step
     summary += f"{tps_now:.0f} tokens/s" if tps_now is not None else "tokens/s unknown"
     if per_request is not None:
         summary += f", {per_request:.0f} tokens per request"
+    evidence["serves"] = ev.serves
     if worse:
-        return Step(3, title, ALERT, f"The service is degrading: {', '.join(worse)} ({summary}).",
+        return Step(3, title, ALERT if ev.serves else WARN,
+                    f"The service is degrading: {', '.join(worse)} ({summary}).{_whose(ev)}",
                     "Check whether a stage is the bottleneck (step 5).", evidence)
-    return Step(3, title, OK, f"The service holds steady over the window: {summary}.", evidence=evidence)
+    return Step(3, title, OK, f"The service holds steady over the window: {summary}.{_whose(ev)}", evidence=evidence)
 
 
 def growth_ranking(ev: Evidence, source: str) -> list[tuple[int, float]]:
@@ -436,6 +461,8 @@ def step_backpressure(ev: Evidence, service: ServiceNumbers | None = None) -> St
     end = ev.serving_end
     if end is None:
         return Step(5, title, SKIPPED, "skipped: no metrics source (give --metrics-url or --prometheus).")
+    if (other := _not_the_service(ev, 5, title)) is not None:
+        return other
     if not end.stages:
         return Step(5, title, SKIPPED, f"skipped: the service ({end.profile or 'unknown profile'}) exports no stage latencies.")
     start = {st.name: st for st in ev.serving_start.stages} if ev.serving_start else {}
@@ -455,9 +482,9 @@ def step_backpressure(ev: Evidence, service: ServiceNumbers | None = None) -> St
     shares = ", ".join(f"{st.name} {100 * (st.share or 0):.0f}%" for st in end.stages)
     if slowing or bottleneck:
         what = "; ".join(slowing) if slowing else f"{busiest.name} takes {100 * (busiest.share or 0):.0f}% of request time"
-        return Step(5, title, WARN, f"Backpressure: {what} ({shares}).",
+        return Step(5, title, WARN, f"Backpressure: {what} ({shares}).{_whose(ev)}",
                     f"Look at {slowing[0].split()[0] if slowing else busiest.name}: the memory growth may be a backlog there.", evidence)
-    return Step(5, title, OK, f"No stage is slowing the pipeline ({shares}).", evidence=evidence)
+    return Step(5, title, OK, f"No stage is slowing the pipeline ({shares}).{_whose(ev)}", evidence=evidence)
 
 
 def step_classify(ev: Evidence, memory: LeakAssessment | None, source: str) -> tuple[Step, str, str]:
