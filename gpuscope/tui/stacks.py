@@ -150,7 +150,10 @@ class DumpScreen(CodePathScreen):
         for thread in dump.threads:
             label = Text.assemble(f"thread {thread.os_thread_id or thread.thread_id} ", (repr(thread.name or "?"), "bold"),
                                   f" [{thread.state}]")
-            node = tree.root.add(label, expand=thread.state != "idle")
+            collapsed = thread.state == "idle"
+            if collapsed and thread.frames:  # closed: say how to open it
+                label.append(f" · {len(thread.frames)} frames, Enter or a click opens", style="dim")
+            node = tree.root.add(label, expand=not collapsed)
             for frame in thread.frames:
                 node.add_leaf(frame_label(frame))
         tree.root.expand()
@@ -261,7 +264,8 @@ def show_attribution(screen: CodePathScreen, result: Attribution) -> None:
     tree.reset(Text(f"process {result.pid}"))
     for rank, s in enumerate(result.suspects, start=1):
         size = format_size(s.bytes, na="bytes unknown")
-        label = Text.assemble(f"{rank}. ", (s.function, "bold"), f"  {s.file}:{s.line}  {s.share * 100:.0f}% · {size}")
+        # The share and the size first: a long path is what a narrow terminal cuts, not the numbers.
+        label = Text.assemble(f"{rank}. {s.share * 100:.0f}% · {size}  ", (s.function, "bold"), f"  {s.file}:{s.line}")
         node = tree.root.add(label, expand=rank == 1)
         for frame in s.stack:
             node.add_leaf(frame_label(frame))

@@ -45,6 +45,16 @@ async def test_d_dumps_the_selected_process_and_esc_closes(spawn_python):
         await wait_for(pilot, lambda: "worker-0" in tree_text(app.screen))
         text = tree_text(app.screen)
         assert "● crunch" in text or "● <module>" in text
+        # The sleeping workers are idle: closed, and their line says how to open them.
+        tree = app.screen.query_one(Tree)
+        idle = next(n for n in tree.root.children if "worker-0" in str(n.label))
+        assert "[idle]" in str(idle.label) and "Enter or a click opens" in str(idle.label)
+        assert not idle.is_expanded and idle.children
+        tree.move_cursor(idle)
+        await pilot.press("enter")
+        assert idle.is_expanded
+        busy = next(n for n in tree.root.children if "[idle]" not in str(n.label))
+        assert busy.is_expanded and "opens" not in str(busy.label)
         await pilot.press("escape")
         assert not isinstance(app.screen, DumpScreen)
 

@@ -273,3 +273,21 @@ async def test_the_confirmation_speaks_of_gdb_only_without_the_probe():
         app.push_screen(ConfirmAttach(4242, probe=False))
         await pilot.pause()
         assert "gdb" in screen_text(app)
+
+
+async def test_a_suspect_s_share_and_size_stay_on_an_80_column_line():
+    from textual.widgets import Tree
+
+    from gpuscope.tui.stacks import AttributionScreen
+
+    deep = "/srv/envs/rag-service/lib/python3.11/site-packages/company_retrieval/indexes/long_module_name.py"
+    found = replace(CULPRIT, suspects=(replace(CULPRIT.suspects[0], file=deep),))
+    app = GpuScopeApp(live(FakeSource(frame())))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        app.push_screen(AttributionScreen(found))
+        await pilot.pause()
+        tree = app.screen.query_one(Tree)
+        lines = ["".join(seg.text for seg in tree.render_line(y)) for y in range(tree.size.height)]
+        first = next(line for line in lines if "1. " in line)
+        assert "91% · 114 MiB  _remember" in first, first
