@@ -93,6 +93,11 @@ class WizardScreen(Screen[None]):
         yield TextLines("", id="wizard-keys")
         yield Footer()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("find", "allocations"):  # a replay attaches nothing: its footer does not offer them
+            return session_of(self.app).can_attach
+        return True
+
     def _use_palette(self, palette: Palette) -> None:
         self.palette = palette
         if self.diagnosis is not None:
@@ -131,8 +136,8 @@ class WizardScreen(Screen[None]):
         seconds = f"{ATTRIBUTION_S:g} s"
         if not session_of(self.app).can_inject:
             return f"y: find where the process was while memory grew (stack sampling, about {seconds})"
-        way = "inside the service through its gpuscope probe" if self._probe else "memray attach"
-        return f"y: find the code that keeps memory (memray {way}, about {seconds})"
+        way = "memray inside the service through its gpuscope probe" if self._probe else "memray attach"
+        return f"y: find the code that keeps memory ({way}, about {seconds})"
 
     def _looked(self) -> bool:
         return self.evidence is not None and self.evidence.attribution is not None
@@ -275,7 +280,9 @@ class WizardScreen(Screen[None]):
         """The evidence lines of `step` (and, on the Classify step, the verdict's): the report's own."""
         if self.diagnosis is None:
             return Text()
-        lines = evidence_lines(self.diagnosis, time.time())
+        # Ages from the moment shown: the replay's position in a replay, the latest frame live.
+        frame = console_of(self.app).frame
+        lines = evidence_lines(self.diagnosis, frame.time if frame is not None else time.time())
         shown = [*lines[step.number], *(lines[VERDICT] if step.number == 6 else ())]
         if not shown:
             return Text()

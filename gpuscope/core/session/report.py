@@ -31,7 +31,7 @@ CHART_WIDTH = 100
 CHART_HEIGHT = 16
 TOP_PROCESSES = 10
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STATUS_WORD = {"ok": "✔ ok", "warn": "▲ warn", "alert": "✖ ALERT", "skipped": "– skipped"}
+STATUS_WORD = {"ok": "✔ ok", "warn": "▲ warn", "alert": "✖ ALERT", "skipped": "skipped"}
 
 
 def subject_pid(recording: Recording, frame: Frame) -> int | None:
@@ -71,9 +71,9 @@ def diagnosis_of(recording: Recording, pid: int, thresholds: LeakThresholds) -> 
     return diagnose(evidence, thresholds), False
 
 
-def build_report(recording: Recording, thresholds: LeakThresholds = LeakThresholds(), *, now: float | None = None) -> str:
-    """The report; `now` (wall clock, by default the time of writing) gives the evidence's moments their age."""
-    now = time.time() if now is None else now
+def build_report(recording: Recording, thresholds: LeakThresholds = LeakThresholds()) -> str:
+    """The report. Its moments are clock times, never ages ("9 min ago"): a report is read later
+    than it is written."""
     last = recording.frame(len(recording) - 1)
     out: list[str] = []
     start, end = recording.start, recording.end
@@ -93,7 +93,7 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
         out += ["## Verdict", "", "No process to diagnose: nothing grew and no alert was raised.", ""]
     else:
         d, recorded = diagnosis_of(recording, pid, thresholds)
-        out += _diagnosis(d, recorded, now)
+        out += _diagnosis(d, recorded)
         out += _chart_section(recording, pid, end)
         out += _suspects(recording, d, pid)
     out += _devices(recording, last)
@@ -102,8 +102,8 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
     return "\n".join(out).rstrip() + "\n"
 
 
-def _diagnosis(d: Diagnosis, recorded: bool, now: float) -> list[str]:
-    evidence = evidence_lines(d, now)
+def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
+    evidence = evidence_lines(d)
     how = "as diagnosed during the session" if recorded else "computed from the recording"
     growth = format_rate(d.memory.growth_bytes_per_s, na="-")
     out = [
