@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
 
 from rich.text import Text
 from textual import work
@@ -34,6 +33,7 @@ from gpuscope.core.target import probe_client
 from gpuscope.core.common.atomic import private_folder, write_private
 from gpuscope.core.diagnosis.steps import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step
 from gpuscope.core.diagnosis.evidence import VERDICT, evidence_lines
+from gpuscope.core.diagnosis.recorded import with_attribution
 from gpuscope.core.common.printable import printable
 from gpuscope.core.node.command_display import short_command
 from gpuscope.folders import exports_dir
@@ -176,7 +176,7 @@ class WizardScreen(Screen[None]):
         session = console.session
         evidence = session.evidence(self.pid, HISTORY_S)
         if attribution is not None:
-            evidence = replace(evidence, attribution=attribution)
+            evidence = with_attribution(evidence, attribution)
         self.evidence = evidence
         self.diagnosis, self._status = session.diagnose(self.pid, evidence, console.thresholds)
         self.render_steps()

@@ -172,3 +172,19 @@ def test_a_diagnosis_from_a_recording_without_the_typed_evidence_still_reads(tmp
     old = replace(d, evidence=type(d.evidence)(), instrument=None)
     lines = evidence_lines(old, NOW)
     assert lines[VERDICT] and not lines[1] and not _too_precise("\n".join(lines[VERDICT]))
+
+
+def test_a_search_from_the_console_takes_its_tracker_s_window_out_of_the_memory_trend():
+    """The console adds the allocation sites to what it recorded: the window the tracker ran in is
+    then on the evidence's clock, and the diagnosis never says both that no tracker ran inside the
+    process and that one tracked for seconds."""
+    from gpuscope.core.diagnosis.recorded import with_attribution
+
+    ev = rich_evidence()
+    recorded = replace(ev, attribution=None, instrumented=())  # as the console recorded it
+    found = with_attribution(recorded, ev.attribution)
+    [(start, end)] = found.instrumented
+    assert abs(start + 40.123456789) < 1e-6 and abs(end + 25.987654321) < 1e-6
+    verdict = "\n".join(evidence_lines(diagnose(found))[VERDICT])
+    assert "tracked for" in verdict and "no tracker ran" not in verdict, verdict
+    assert "before the tracker ran" in verdict

@@ -89,11 +89,13 @@ class LiveSession(Session):
 
             self._evidence = source_evidence
         from gpuscope.core.diagnosis.endpoint import serves_endpoint
+        from gpuscope.core.diagnosis.recorded import with_attribution
 
         evidence = self._evidence(self.source, pid, seconds)
         serving = self._serving_snapshot
-        return dataclasses.replace(evidence, serving_end=serving, attribution=self.best_attribution(pid),
-                                   serves=serves_endpoint(pid, serving.target) if serving is not None else None)
+        evidence = dataclasses.replace(evidence, serving_end=serving,
+                                       serves=serves_endpoint(pid, serving.target) if serving is not None else None)
+        return with_attribution(evidence, self.best_attribution(pid))
 
     def recorded(self, kind: str, pid: int) -> Any:
         return self.findings.latest(kind, pid)

@@ -23,7 +23,7 @@ from gpuscope.core.diagnosis.evidence import VERDICT, evidence_lines
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.common.markdown import md_block, md_code, md_text
 from gpuscope.core.node.model import Frame
-from gpuscope.core.diagnosis.recorded import evidence_of
+from gpuscope.core.diagnosis.recorded import evidence_of, with_attribution
 from gpuscope.core.session.recording import Recording
 from gpuscope.core.common.units import format_bytes, format_duration, format_rate
 
@@ -62,12 +62,11 @@ def diagnosis_of(recording: Recording, pid: int, thresholds: LeakThresholds) -> 
     frame = recording.frame(len(recording) - 1)
     span = recording.end - recording.start + 1.0
     evidence = evidence_of(pid, span, frame, frame.time, recording.history, recording.device_history)
-    evidence = replace(
+    evidence = with_attribution(replace(
         evidence,
-        attribution=recording.findings.best_attribution(pid),
         serving_start=next((s for s in recording.serving if s.ok), None),
         serving_end=recording.serving[-1] if recording.serving else None,
-    )
+    ), recording.findings.best_attribution(pid))
     return diagnose(evidence, thresholds), False
 
 
