@@ -27,7 +27,8 @@ from gpuscope.core.diagnosis.evidence import (
 )
 from gpuscope.core.leak.growth import floor_growth, theil_sen
 from gpuscope.core.leak import HeldTrend, LeakAssessment, LeakThresholds, assess, held_trend, kendall_tau
-from gpuscope.core.common.markdown import md_code, md_text
+from gpuscope.core.common.markdown import md_code as _md_code, md_text as _md_text
+from gpuscope.core.common.printable import printable
 from gpuscope.core.node.command_display import short_command
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.serving.profiles import is_model_stage, model_stages
@@ -151,9 +152,11 @@ class Diagnosis:
             "instrument": self.instrument.to_json() if self.instrument is not None else {},
         }
 
-    def to_text(self, now: float | None = None) -> str:
+    def to_text(self, now: float | None = None, *, markdown: bool = True) -> str:
         """The report as Markdown; every text from the process or a recording escaped. `now`
-        (wall clock) dates the evidence's moments ("18 s ago")."""
+        (wall clock) dates the evidence's moments ("18 s ago"). Without `markdown` (for a
+        terminal), the same lines with nothing escaped: only made printable."""
+        md_text, md_code = (_md_text, _md_code) if markdown else (_plain_text, _plain_code)
         mark = {OK: "ok", WARN: "warn", ALERT: "ALERT", SKIPPED: "skipped"}
         evidence = evidence_lines(self, now)
         lines = [
@@ -181,6 +184,14 @@ class Diagnosis:
                 lines.append(f"{i}. {md_code(s.function)} ({md_code(f'{s.file}:{s.line}')}) {s.share * 100:.0f}% {size} "
                              f"[{md_text(s.method)}]")
         return "\n".join(lines).rstrip() + "\n"
+
+
+def _plain_text(text: object, *, line_start: bool = False) -> str:
+    return printable(str(text))
+
+
+def _plain_code(text: str, *, empty: str = "(none)") -> str:
+    return printable(text) or empty
 
 
 def _int(v: float | None) -> int | None:
