@@ -144,6 +144,10 @@ def test_the_report_has_the_verdict_steps_chart_stacks_and_numbers(tmp_path):
         assert f"### {number}. " in report
     assert "## Memory of PID 4242" in report and "GPU memory (MiB):" in report and "RSS (MiB):" in report and "⠀" not in report.split("```")[0]
     assert "remember  /srv/retriever.py:42" in report  # the recorded stack dump
+    # No allocation search was made: step 7 gives the code path the dump found, said for what it is.
+    step7 = report.split("### 7. ")[1].split("\n## ")[0]
+    assert "Code path recorded: `remember` (`/srv/retriever.py:42`) in thread MainThread (gil)" in step7, step7
+    assert "not what allocated" in step7
     assert "| 4242 | svc | 0 |" in report and "api-key ***" in report  # the process table, redacted as recorded
     assert "| e2e_latency_p95_s | 0.2 |" in report and "| retriever |" in report
     assert "\x1b[" not in report

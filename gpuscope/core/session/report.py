@@ -26,6 +26,7 @@ from gpuscope.core.node.model import Frame
 from gpuscope.core.diagnosis.recorded import evidence_of, with_attribution
 from gpuscope.core.session.recording import Recording
 from gpuscope.core.common.units import format_bytes, format_duration, format_rate
+from gpuscope.core.target.stacks import OWN
 
 CHART_WIDTH = 100
 CHART_HEIGHT = 16
@@ -92,7 +93,7 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
         out += ["## Verdict", "", "No process to diagnose: nothing grew and no alert was raised.", ""]
     else:
         d, recorded = diagnosis_of(recording, pid, thresholds)
-        out += _diagnosis(d, recorded)
+        out += _diagnosis(d, recorded, _code_path(recording, pid))
         out += _chart_section(recording, pid, end)
         out += _suspects(recording, d, pid)
     out += _devices(recording, last)
@@ -101,7 +102,22 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
     return "\n".join(out).rstrip() + "\n"
 
 
-def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
+def _code_path(recording: Recording, pid: int) -> str | None:
+    """Where the process was in the stack dump recorded of it (its busiest thread's innermost frame
+    of its own code), for a report whose allocation sites were not looked for; None without a dump."""
+    dump = recording.findings.latest("stacks", pid)
+    if dump is None or not dump.threads:
+        return None
+    thread = max(dump.threads, key=lambda t: (t.state != "idle", t.owns_gil, bool(t.frames)))
+    frame = next((f for f in thread.frames if f.kind == OWN), thread.frames[0] if thread.frames else None)
+    if frame is None:
+        return None
+    return (f"Code path recorded: {md_code(frame.function)} ({md_code(f'{frame.file}:{frame.line}')}) in thread "
+            f"{md_text(thread.name or thread.thread_id)} ({md_text(thread.state)}), from the py-spy dump at "
+            f"{_when(dump.time)}: where the process was, not what allocated (its stacks are below).")
+
+
+def _diagnosis(d: Diagnosis, recorded: bool, code_path: str | None = None) -> list[str]:
     evidence = evidence_lines(d)
     how = "as diagnosed during the session" if recorded else "computed from the recording"
     growth = format_rate(d.memory.growth_bytes_per_s, na="-")
@@ -127,6 +143,8 @@ def _diagnosis(d: Diagnosis, recorded: bool) -> list[str]:
         if step.next:
             out.append("")
             out.append(f"Next: {md_text(step.next)}")
+        if step.number == 7 and step.status == "skipped" and code_path is not None:
+            out += ["", code_path]
         out.append("")
     return out
 
