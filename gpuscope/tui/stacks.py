@@ -198,6 +198,9 @@ class SampleScreen(CodePathScreen):
         self.status(f"{sample.samples} {sample.mode} dumps over {sample.duration_s:.1f} s{torn} · % of samples of active threads")
         tree = self.query_one(Tree)
         tree.reset(Text(f"process {sample.pid}"))
+        if not sample.paths:  # said, rather than an empty tree
+            tree.root.add_leaf(Text("no thread was active in any dump: the process was idle (waiting); "
+                                    "d shows where each thread waits", style="bold"))
         add_paths(tree.root, sample.paths)
         tree.root.expand()
         tree.focus()

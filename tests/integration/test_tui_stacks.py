@@ -9,7 +9,7 @@ from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 
 from frames import FakeSource, frame, live, rows
-from test_stacks import BUSY
+from test_stacks import BUSY, IDLER
 
 
 def frame_with(pid: int):
@@ -69,6 +69,17 @@ async def test_capital_s_samples_into_a_tree_of_hot_paths(spawn_python, monkeypa
         assert isinstance(app.screen, SampleScreen)
         await wait_for(pilot, lambda: "%" in tree_text(app.screen) and "crunch" in tree_text(app.screen))
         assert "dumps over" in str(app.screen.query_one("#status").render())
+
+
+async def test_capital_s_on_an_idle_program_says_it_was_idle(spawn_python, monkeypatch):
+    child = spawn_python(IDLER)
+    monkeypatch.setattr("gpuscope.tui.stacks.SAMPLE_SECONDS", 0.5)
+    app = GpuScopeApp(live(FakeSource(frame_with(child.pid))))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("S")
+        await wait_for(pilot, lambda: "idle" in tree_text(app.screen))
+        assert "no thread was active in any dump" in tree_text(app.screen)
 
 
 async def test_a_asks_first_and_sampling_only_never_attaches(spawn_python, monkeypatch):
