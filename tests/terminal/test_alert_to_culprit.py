@@ -70,6 +70,9 @@ def test_from_the_alert_to_the_culprit_in_two_announced_keys(tmux_session, faste
     # The bar shows the attached service's alert once it comes, whatever else grows faster.
     wait_until(lambda: "⚠ LEAK +" in tmux.screen() and "w: diagnose" in tmux.screen(), timeout=90, interval=0.5,
                what="the service's leak alert, with the key that diagnoses it")
+    at_alert = tmux.screen()
+    # The service's chart and its process panel stay beside the alert bar and the service panel, 80x24 too.
+    assert "SERVICE" in at_alert and f"PID {service}: " in at_alert and "threads " in at_alert, at_alert
     press("w", "w: diagnose")
     wait_until(lambda: "Diagnosis of PID" in tmux.screen() and "y: find the code that keeps memory" in tmux.screen(),
                timeout=30, what="the wizard, offering the search")
