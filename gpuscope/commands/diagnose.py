@@ -17,7 +17,7 @@ import json
 import sys
 
 from gpuscope.commands.common import DAY_S, add_service_arguments, attach_check, pid, seconds, serving_source
-from gpuscope.commands.output import add_output_arguments, check_output, deliver
+from gpuscope.commands.output import add_output_arguments, check_output, deliver, to_stdout
 from gpuscope.config import Settings
 from gpuscope.core.diagnosis.steps import Diagnosis, diagnose
 from gpuscope.core.diagnosis.investigation import investigate
@@ -98,6 +98,9 @@ def remote(args: argparse.Namespace, settings: Settings) -> int:
 
 def emit(diagnosis: Diagnosis, args: argparse.Namespace) -> int:
     """Print (or write to -o FILE, privately and atomically) the report."""
-    text = json.dumps(diagnosis.to_json()) + "\n" if args.json else diagnosis.to_text()
-    deliver(text, getattr(args, "output", None), getattr(args, "force", False))
+    output = getattr(args, "output", None)
+    # Markdown for a file or a pipe; on a terminal, the same lines without Markdown's escapes.
+    terminal = (output is None or to_stdout(output)) and sys.stdout.isatty()
+    text = json.dumps(diagnosis.to_json()) + "\n" if args.json else diagnosis.to_text(markdown=not terminal)
+    deliver(text, output, getattr(args, "force", False))
     return 0

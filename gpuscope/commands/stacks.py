@@ -88,6 +88,9 @@ def print_dump(dump: StackDump) -> None:
             print(_frame_line(frame))
 
 
+IDLE_SAMPLE = "no thread was active in any dump: the process was idle (waiting) the whole time"
+
+
 def print_sample(sample: StackSample) -> None:
     print(
         f"process {sample.pid}: {sample.samples} {sample.mode} dumps over {sample.duration_s:.1f} s; "
@@ -95,6 +98,9 @@ def print_sample(sample: StackSample) -> None:
     )
     if sample.errors:
         print(f"({len(sample.errors)} dumps failed: {sample.errors[-1]})")
+    if not sample.paths:
+        print(f"{IDLE_SAMPLE} (one dump, without --samples, shows where each thread waits)")
+        return
     print(KIND_LEGEND)
     for path in sample.paths[:15]:
         print(f"\n{path.share * 100:5.1f}%  {path.count} samples")

@@ -1,5 +1,9 @@
 """The alert bar: what the leak detector calls a leak right now, one alert at a time, with the key
-that diagnoses it (`w`); `A` lists them all. A click on the bar diagnoses its alert too.
+that diagnoses it; `A` lists them all. A click on the bar diagnoses its alert.
+
+The bar holds on to the alert it shows while that alert lasts: another process growing faster
+does not move it (the operator may be reading it, or diagnosing it). It shows first the attached
+process's alert, else the first one; with several it says which of how many it shows.
 
 Alerts of processes that have exited stay a while (the core marks them `ended` and lists them
 after the live ones): they are shown dim and marked "(exited)".
@@ -56,7 +60,8 @@ def describe(alert: Alert, palette: Palette = DEFAULT_PALETTE, keys: Text | None
 
 
 class AlertBar(TextLines):
-    """Not focusable: `w` (an app key) diagnoses the alert shown here, wherever the focus is."""
+    """Not focusable: `w` (an app key) diagnoses the alert shown here unless the operator is
+    looking at another process (attached, or a row moved to); the bar then says what `w` means."""
 
     DEFAULT_CSS = """
     AlertBar { height: auto; padding: 0 1; background: $error 15%; }
@@ -76,15 +81,30 @@ class AlertBar(TextLines):
         self.alerts: tuple[Alert, ...] = ()
         self.palette = DEFAULT_PALETTE
         self._frame: Frame | None = None
-        self._chosen: tuple | None = None  # the alert picked from the list, while it lasts
+        self._shown: tuple | None = None  # the alert in the bar, kept while it lasts
+        self._picked = False  # the operator picked it (from the list): kept even once it has ended
+        self._attached: int | None = None
+        self._w_pid: int | None = None  # what `w` diagnoses when it is not this bar's alert
         self.add_class("empty")
 
     @property
     def shown(self) -> Alert | None:
-        """The alert in the bar: the one picked from the list while it lasts, else the first (live
-        ones come first)."""
-        picked = next((a for a in self.alerts if identity(a) == self._chosen), None)
-        return picked or (self.alerts[0] if self.alerts else None)
+        """The alert in the bar (see the module's docstring for which one)."""
+        return next((a for a in self.alerts if identity(a) == self._shown), None)
+
+    def _keep_or_pick(self) -> None:
+        kept = self.shown
+        live = [a for a in self.alerts if not a.ended] or list(self.alerts)
+        attached = next((a for a in live if self._attached is not None and a.pid == self._attached), None)
+        if kept is not None and (self._picked or not kept.ended or all(a.ended for a in self.alerts)) \
+                and (self._picked or attached is None or kept.pid == attached.pid):
+            return
+        # Nothing held, an exited one while a live one is listed, or the attached process's alert
+        # has come (the process the operator follows): that one, else the first (live ones come
+        # first, fastest first).
+        first = attached or (live[0] if live else None)
+        self._shown = identity(first) if first is not None else None
+        self._picked = False
 
     def on_mount(self) -> None:
         follow_theme(self, self._use_palette)
@@ -92,26 +112,36 @@ class AlertBar(TextLines):
     def _use_palette(self, palette: Palette) -> None:
         self.palette = palette
         if self._frame is not None:
-            self.show(self._frame)
+            self.show(self._frame, self._w_pid)
 
     def choose(self, alert: Alert) -> None:
-        """Show this alert in the bar (and so have `w` diagnose it)."""
-        self._chosen = identity(alert)
+        """Show this alert in the bar, for as long as it is listed."""
+        self._shown = identity(alert)
+        self._picked = True
         if self._frame is not None:
-            self.show(self._frame)
+            self.show(self._frame, self._w_pid)
 
-    def show(self, frame: Frame) -> None:
+    def show(self, frame: Frame, w_pid: int | None = None) -> None:
+        """Show `frame`'s alerts; `w_pid` is the process `w` diagnoses instead of the bar's alert
+        (the attached one, or a row the operator moved to), None when `w` means the bar's."""
         self._frame = frame
+        self._w_pid = w_pid
+        self._attached = frame.focus.pid if frame.focus is not None else None
         self.alerts = frame.alerts
+        self._keep_or_pick()
         shown = self.shown
         self.set_class(shown is None, "empty")
         self.set_class(shown is not None and shown.ended, "ended")
         if shown is None:
             self.set_text(Text(""))
             return
-        keys = Text(DIAGNOSE_HINT, style="bold reverse")
+        if w_pid is None or w_pid == shown.pid:
+            keys = Text(DIAGNOSE_HINT, style="bold reverse")
+        else:
+            keys = Text(f"click: diagnose · w: PID {w_pid}", style="bold")
         if len(self.alerts) > 1:
-            keys.append(f" · A: all {len(self.alerts)} alerts", style="bold")
+            at = next(i for i, a in enumerate(self.alerts) if identity(a) == self._shown) + 1
+            keys.append(f" · {at} of {len(self.alerts)} alerts, A: all", style="bold")
         self.set_text(describe(shown, self.palette, keys))
 
     def on_click(self) -> None:

@@ -92,8 +92,9 @@ class GpuScopeApp(ChangedCellsApp):
     CSS_PATH = "gpuscope.tcss"
     TITLE = "gpuscope"
     ENABLE_COMMAND_PALETTE = True
-    # Which process a key means, one rule (the help and the README say the same): `w` diagnoses the
-    # alert shown in the alert bar, else the selected row; every other key that names a process
+    # Which process a key means, one rule (the help and the README say the same): `w` diagnoses what
+    # the operator is looking at: the attached process, else a row they moved the cursor to, else
+    # the alert shown in the alert bar, else the selected row; every other key that names a process
     # (Enter, d, S, a, i) means the selected row.
     BINDINGS = [
         Binding("q", "quit", "Quit"),
@@ -134,6 +135,9 @@ class GpuScopeApp(ChangedCellsApp):
         Binding("J", "replay_jump_to", "Jump to a time", show=False),
     ]
     REPLAY_ACTIONS = ("replay_toggle", "replay_step", "replay_jump", "replay_speed", "replay_jump_to")
+    # Over the fleet view, the console's own keys would act on the node's processes hidden behind it
+    # (`w` would diagnose a local PID while the cursor is on another machine's row): only these stay.
+    FLEET_ACTIONS = ("quit", "pop_screen", "suspend_process", "command_palette")
 
     def _fatal_error(self) -> None:
         # Textual's own shows every frame's local variables: data from other users' processes
@@ -184,6 +188,8 @@ class GpuScopeApp(ChangedCellsApp):
         """Every key's action is also in the command palette (Ctrl+P): the mouse and keys are optional."""
         # Textual's own theme picker lists its themes too and forgets the choice: ours replace it.
         yield from (c for c in super().get_system_commands(screen) if c.title != "Theme")
+        if self.fleet is not None and self._over_fleet():
+            return  # the node's actions would act on the console hidden behind the fleet view
         yield SystemCommand("Next theme", "Cycle through gpuscope's themes (remembered)", self.action_next_theme)
         for name in self._theme_names:
             yield SystemCommand(f"Theme: {name}", "Use this colour theme (remembered)", partial(self.use_theme, name))
@@ -196,8 +202,8 @@ class GpuScopeApp(ChangedCellsApp):
         yield SystemCommand("Stacks of the selected process", "One py-spy dump of every thread", self.action_stacks)
         yield SystemCommand("Hot paths of the selected process", "py-spy samples for 5 s, aggregated", self.action_sample)
         yield SystemCommand("Allocation sites of the selected process", "Which code allocates memory that stays", self.action_allocations)
-        yield SystemCommand("Diagnose", "The seven-step diagnosis of the alert bar's (else the selected) process",
-                            self.action_wizard)
+        yield SystemCommand("Diagnose", "The seven-step diagnosis of the attached process, else the row moved to, "
+                            "else the alert bar's", self.action_wizard)
         yield SystemCommand("All alerts", "List every memory alert; pick one to diagnose", self.action_alerts)
         yield SystemCommand("Command line of the selected process", "The whole of it, wrapped", self.action_command_line)
         yield SystemCommand("Detach", "Stop following the attached process", self.action_detach)
@@ -214,7 +220,14 @@ class GpuScopeApp(ChangedCellsApp):
             yield SystemCommand("Replay: faster", "Double the speed", partial(self.action_replay_speed, 1))
             yield SystemCommand("Replay: jump to a time", "+90, -5m, 14:05:30, start, end", self.action_replay_jump_to)
 
+    def _over_fleet(self) -> bool:
+        from gpuscope.tui.fleet import FleetScreen
+
+        return isinstance(self.screen, FleetScreen)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action not in self.FLEET_ACTIONS and self.fleet is not None and self._over_fleet():
+            return False
         if action == "cursor":  # j/k move the table, not a table hidden behind another screen
             return self.screen is self.screen_stack[0]
         if action in self.REPLAY_ACTIONS:
@@ -339,15 +352,27 @@ class GpuScopeApp(ChangedCellsApp):
 
         self.push_screen(ConfirmAttach(pid, inject=self.session.can_inject), chosen)
 
+    def _looked_at_pid(self) -> int | None:
+        """The process the operator is looking at, before any alert: the attached one (while it
+        runs), else a row they moved the cursor to; None: neither."""
+        focus = self.frame.focus if self.frame is not None else None
+        if focus is not None and not focus.exited:
+            return focus.pid
+        table = self.query_one(ProcessTable)
+        row = table.selected_row
+        return row.pid if table.chosen and row is not None else None
+
     def action_wizard(self) -> None:
-        """`w`: the guided diagnosis of the alert shown in the alert bar, else of the selected process."""
+        """`w`: the guided diagnosis of what the operator is looking at: the attached process, else
+        the row they moved to, else the alert bar's process, else the selected row."""
         from gpuscope.tui.wizard import WizardScreen
 
+        pid = self._looked_at_pid()
         alert = self.query_one(AlertBar).shown
-        if alert is not None:
+        if pid is None and alert is not None:
             self._diagnose(alert)
             return
-        pid = self._selected_pid()
+        pid = pid if pid is not None else self._selected_pid()
         if pid is not None:
             self.push_screen(WizardScreen(pid))
 
@@ -559,11 +584,11 @@ class GpuScopeApp(ChangedCellsApp):
             self._show_title(frame)
             self.query_one(Timeline).show(frame.replay, frame.time)
             self.query_one(DevicesPanel).show(frame)
-            self.query_one(AlertBar).show(frame)
             table.show(frame.processes)
             if first and frame.selected_pid is not None:
                 self._charted_pid = frame.selected_pid
                 table.select_pid(frame.selected_pid)
+            self.query_one(AlertBar).show(frame, self._looked_at_pid())
             self.query_one(MemoryChart).show(frame.chart, now=frame.time)
             self.query_one(ProcessPanel).show(frame)
         if first:
@@ -601,6 +626,11 @@ class GpuScopeApp(ChangedCellsApp):
         if current.pid != self._charted_pid:
             self._charted_pid = current.pid
             self.session.select(current.pid)
+
+    @_unless_closed
+    def on_process_table_chosen(self, event: ProcessTable.Chosen) -> None:
+        if self.frame is not None:  # the bar says at once what `w` means now
+            self.query_one(AlertBar).show(self.frame, self._looked_at_pid())
 
     def on_process_table_selected(self, event: ProcessTable.Selected) -> None:
         self.session.focus(event.row.pid)

@@ -9,12 +9,14 @@ if TYPE_CHECKING:
     from textual.app import App
 
     from gpuscope.core.leak import LeakThresholds
+    from gpuscope.core.node.model import Frame
     from gpuscope.core.session.interface import Session
 
 
 class ConsoleApp(Protocol):
     session: Session  # what the console shows: live or recorded
     thresholds: LeakThresholds  # the settings' [alerts]
+    frame: Frame | None  # the frame shown (a replay's at its position), None before the first
 
 
 def console_of(app: App) -> ConsoleApp:

@@ -146,7 +146,8 @@ def draw(figure: Figure, width: int, height: int) -> list[Cells]:
         for offset, ch in enumerate(text[: max(0, width - x)]):
             line[x + offset] = (ch, style)
 
-    put(0, max(0, (width - len(figure.title)) // 2), figure.title, _TITLE)
+    title = figure.title if len(figure.title) <= width else figure.title[: max(0, width - 1)] + "…"
+    put(0, max(0, (width - len(title)) // 2), title, _TITLE)
     put(1, left_w, "┌" + "─" * plot_w + "┐")
     for row in range(rows):
         y = row + 2

@@ -11,14 +11,16 @@ from textual.widgets import Static
 HELP = """\
 [b]gpuscope — keys[/b]
 
-  w is for the alert shown in the alert bar (else the selected row);
-  every other key that names a process means the selected row.
+  w is for what you look at: the attached process, else a row you
+  moved to, else the alert bar's; every other key that names a
+  process means the selected row.
 
   ↑ ↓ j k         move in the table (charts the selected process)
   PgUp PgDn       a page up, down · Home End  the first, the last row
   Enter           attach to the selected process (details + chart)
   x               detach (Esc never does)
-  w               diagnose the alert bar's process, else the selected one
+  w               diagnose the attached process, else the row moved to,
+                  else the alert bar's
                   (↑ ↓ j k steps, y find the code, r re-run, e export, Esc back)
   A               all alerts: pick one to diagnose (it stays in the bar)
   /               filter processes by command, user or PID

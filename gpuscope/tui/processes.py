@@ -108,6 +108,13 @@ class ProcessTable(Widget, can_focus=True):
             super().__init__()
             self.row = row
 
+    class Chosen(Message):
+        """The operator moved the cursor (keys or a click): this row is what they look at."""
+
+        def __init__(self, row: ProcessRow) -> None:
+            super().__init__()
+            self.row = row
+
     class Selected(Message):
         """Enter (or a click on the selected row): attach to this process."""
 
@@ -128,6 +135,9 @@ class ProcessTable(Widget, can_focus=True):
         # frames arrive (NVML's processes come after the host's at start): the view opens on the
         # processes that use the most, not on one that was first before they were known.
         self._at_top = True
+        # Whether the operator has moved the cursor (keys or mouse): the row is then what they
+        # look at, and `w` diagnoses it rather than the alert bar's process.
+        self.chosen = False
         self._top = 0
         self._drawn: dict[str, tuple[tuple, list[Text]]] = {}  # column -> what it shows now, its lines
 
@@ -227,16 +237,23 @@ class ProcessTable(Widget, can_focus=True):
 
     def action_move(self, delta: int) -> None:
         self._at_top = False
-        self._move_to(self._cursor + delta)
+        self._choose(self._cursor + delta)
 
     def action_page(self, direction: int) -> None:
         self._at_top = False
-        self._move_to(self._cursor + direction * self._visible_rows)
+        self._choose(self._cursor + direction * self._visible_rows)
 
     def action_top(self) -> None:
         """Home: the first row, and the cursor stays on the first row as the order changes."""
         self._at_top = True
-        self._move_to(0)
+        self._choose(0)
+
+    def _choose(self, index: int) -> None:
+        """The operator moves the cursor (the app hears of it even if the row stays the same)."""
+        self.chosen = True
+        self._move_to(index)
+        if self._order:
+            self.post_message(self.Chosen(self._order[self._cursor]))
 
     def action_attach(self) -> None:
         if self._order:
@@ -248,7 +265,7 @@ class ProcessTable(Widget, can_focus=True):
             if index == self._cursor and event.chain >= 2:
                 self.action_attach()
             self._at_top = False
-            self._move_to(index)
+            self._choose(index)
 
     def on_resize(self) -> None:
         self._place(self._cursor)

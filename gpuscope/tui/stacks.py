@@ -150,7 +150,10 @@ class DumpScreen(CodePathScreen):
         for thread in dump.threads:
             label = Text.assemble(f"thread {thread.os_thread_id or thread.thread_id} ", (repr(thread.name or "?"), "bold"),
                                   f" [{thread.state}]")
-            node = tree.root.add(label, expand=thread.state != "idle")
+            collapsed = thread.state == "idle"
+            if collapsed and thread.frames:  # closed: say how to open it
+                label.append(f" · {len(thread.frames)} frames, Enter or a click opens", style="dim")
+            node = tree.root.add(label, expand=not collapsed)
             for frame in thread.frames:
                 node.add_leaf(frame_label(frame))
         tree.root.expand()
@@ -195,6 +198,9 @@ class SampleScreen(CodePathScreen):
         self.status(f"{sample.samples} {sample.mode} dumps over {sample.duration_s:.1f} s{torn} · % of samples of active threads")
         tree = self.query_one(Tree)
         tree.reset(Text(f"process {sample.pid}"))
+        if not sample.paths:  # said, rather than an empty tree
+            tree.root.add_leaf(Text("no thread was active in any dump: the process was idle (waiting); "
+                                    "d shows where each thread waits", style="bold"))
         add_paths(tree.root, sample.paths)
         tree.root.expand()
         tree.focus()
@@ -261,7 +267,8 @@ def show_attribution(screen: CodePathScreen, result: Attribution) -> None:
     tree.reset(Text(f"process {result.pid}"))
     for rank, s in enumerate(result.suspects, start=1):
         size = format_size(s.bytes, na="bytes unknown")
-        label = Text.assemble(f"{rank}. ", (s.function, "bold"), f"  {s.file}:{s.line}  {s.share * 100:.0f}% · {size}")
+        # The share and the size first: a long path is what a narrow terminal cuts, not the numbers.
+        label = Text.assemble(f"{rank}. {s.share * 100:.0f}% · {size}  ", (s.function, "bold"), f"  {s.file}:{s.line}")
         node = tree.root.add(label, expand=rank == 1)
         for frame in s.stack:
             node.add_leaf(frame_label(frame))

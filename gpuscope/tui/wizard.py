@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
 
 from rich.text import Text
 from textual import work
@@ -34,7 +33,9 @@ from gpuscope.core.target import probe_client
 from gpuscope.core.common.atomic import private_folder, write_private
 from gpuscope.core.diagnosis.steps import ALERT, OK, SKIPPED, WARN, Diagnosis, Evidence, Step
 from gpuscope.core.diagnosis.evidence import VERDICT, evidence_lines
+from gpuscope.core.diagnosis.recorded import with_attribution
 from gpuscope.core.common.printable import printable
+from gpuscope.core.node.command_display import short_command
 from gpuscope.folders import exports_dir
 from gpuscope.tui.app_session import console_of, session_of
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
@@ -44,6 +45,8 @@ from gpuscope.tui.textlines import TextLines
 
 HISTORY_S = 3600.0  # diagnose over up to the last hour the console recorded
 ATTRIBUTION_S = 10.0
+NAME_CELLS = 60  # the process's name in the title: enough to tell one service from another
+
 def mark_of(status: str, palette: Palette) -> tuple[str, str]:
     """(the mark, its style) of a step's status, in the theme's colours; "?" for a status no
     gpuscope writes (a replayed recording was damaged)."""
@@ -90,6 +93,11 @@ class WizardScreen(Screen[None]):
         yield TextLines("", id="wizard-keys")
         yield Footer()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("find", "allocations"):  # a replay attaches nothing: its footer does not offer them
+            return session_of(self.app).can_attach
+        return True
+
     def _use_palette(self, palette: Palette) -> None:
         self.palette = palette
         if self.diagnosis is not None:
@@ -128,8 +136,8 @@ class WizardScreen(Screen[None]):
         seconds = f"{ATTRIBUTION_S:g} s"
         if not session_of(self.app).can_inject:
             return f"y: find where the process was while memory grew (stack sampling, about {seconds})"
-        way = "inside the service through its gpuscope probe" if self._probe else "memray attach"
-        return f"y: find the code that keeps memory (memray {way}, about {seconds})"
+        way = "memray inside the service through its gpuscope probe" if self._probe else "memray attach"
+        return f"y: find the code that keeps memory ({way}, about {seconds})"
 
     def _looked(self) -> bool:
         return self.evidence is not None and self.evidence.attribution is not None
@@ -168,7 +176,7 @@ class WizardScreen(Screen[None]):
         session = console.session
         evidence = session.evidence(self.pid, HISTORY_S)
         if attribution is not None:
-            evidence = replace(evidence, attribution=attribution)
+            evidence = with_attribution(evidence, attribution)
         self.evidence = evidence
         self.diagnosis, self._status = session.diagnose(self.pid, evidence, console.thresholds)
         self.render_steps()
@@ -203,7 +211,9 @@ class WizardScreen(Screen[None]):
         p = self.palette
         verdict_style = {"leak": f"bold {p.error}", "no-leak": f"bold {p.success}"}.get(d.verdict, f"bold {p.warning}")
         text = Text.assemble(
-            (f"Diagnosis of PID {d.pid} ", "bold"),
+            (f"Diagnosis of PID {d.pid}", "bold"),
+            (f" ({short_command(d.command, NAME_CELLS)})" if d.command else "", "bold"),
+            ": ",
             (f"{d.verdict}", verdict_style),
             f" ({d.pattern}) · {d.memory_source} memory over {d.duration_s:.0f} s of what the console recorded",
         )
@@ -270,7 +280,9 @@ class WizardScreen(Screen[None]):
         """The evidence lines of `step` (and, on the Classify step, the verdict's): the report's own."""
         if self.diagnosis is None:
             return Text()
-        lines = evidence_lines(self.diagnosis, time.time())
+        # Ages from the moment shown: the replay's position in a replay, the latest frame live.
+        frame = console_of(self.app).frame
+        lines = evidence_lines(self.diagnosis, frame.time if frame is not None else time.time())
         shown = [*lines[step.number], *(lines[VERDICT] if step.number == 6 else ())]
         if not shown:
             return Text()

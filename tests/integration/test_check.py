@@ -114,6 +114,7 @@ def test_demo_with_the_leak_fails_and_names_the_leaking_function(demo_baseline, 
     assert int(suite.get("failures")) >= 3
     md = markdown.read_text()
     assert "## gpuscope check: **FAIL**" in md and "`_remember`" in md and "RSS floor (MiB) by round" in md
+    assert "Memory allocated during a round" in md and "Memory memory" not in md
 
 
 NOISY_FLAT = """

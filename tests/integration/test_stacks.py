@@ -72,6 +72,16 @@ def test_dump_of_an_idle_program(spawn_python):
     assert main.frames[0].kind == OWN and main.frames[-1].function == "<module>"
 
 
+def test_sampling_an_idle_program_says_it_was_idle(spawn_python):
+    child = spawn_python(IDLER)
+    out = subprocess.run(gpuscope_cmd() + ["stacks", "--pid", str(child.pid), "--samples", "20", "--interval", "0.02"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith(f"process {child.pid}: 20 ") and len(lines) == 2, out.stdout  # the header, then why nothing
+    assert "no thread was active in any dump: the process was idle" in lines[1], out.stdout
+
+
 def test_busy_program_threads_states_and_sampled_hot_path(spawn_python):
     child = spawn_python(BUSY)
     dump = pyspy.dump(child.pid)

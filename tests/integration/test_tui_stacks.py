@@ -9,7 +9,7 @@ from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 
 from frames import FakeSource, frame, live, rows
-from test_stacks import BUSY
+from test_stacks import BUSY, IDLER
 
 
 def frame_with(pid: int):
@@ -45,6 +45,16 @@ async def test_d_dumps_the_selected_process_and_esc_closes(spawn_python):
         await wait_for(pilot, lambda: "worker-0" in tree_text(app.screen))
         text = tree_text(app.screen)
         assert "● crunch" in text or "● <module>" in text
+        # The sleeping workers are idle: closed, and their line says how to open them.
+        tree = app.screen.query_one(Tree)
+        idle = next(n for n in tree.root.children if "worker-0" in str(n.label))
+        assert "[idle]" in str(idle.label) and "Enter or a click opens" in str(idle.label)
+        assert not idle.is_expanded and idle.children
+        tree.move_cursor(idle)
+        await pilot.press("enter")
+        assert idle.is_expanded
+        busy = next(n for n in tree.root.children if "[idle]" not in str(n.label))
+        assert busy.is_expanded and "opens" not in str(busy.label)
         await pilot.press("escape")
         assert not isinstance(app.screen, DumpScreen)
 
@@ -59,6 +69,17 @@ async def test_capital_s_samples_into_a_tree_of_hot_paths(spawn_python, monkeypa
         assert isinstance(app.screen, SampleScreen)
         await wait_for(pilot, lambda: "%" in tree_text(app.screen) and "crunch" in tree_text(app.screen))
         assert "dumps over" in str(app.screen.query_one("#status").render())
+
+
+async def test_capital_s_on_an_idle_program_says_it_was_idle(spawn_python, monkeypatch):
+    child = spawn_python(IDLER)
+    monkeypatch.setattr("gpuscope.tui.stacks.SAMPLE_SECONDS", 0.5)
+    app = GpuScopeApp(live(FakeSource(frame_with(child.pid))))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("S")
+        await wait_for(pilot, lambda: "idle" in tree_text(app.screen))
+        assert "no thread was active in any dump" in tree_text(app.screen)
 
 
 async def test_a_asks_first_and_sampling_only_never_attaches(spawn_python, monkeypatch):

@@ -1,9 +1,14 @@
-"""From the alert to the culprit in a real terminal, as an on-call engineer meets it: `gpuscope
-demo` runs a leaking service; once the alert is on screen, at most two keys, each announced
-where the operator looks, put the culprit's function and file:line on screen."""
+"""From the alert to the culprit in a real terminal, as an on-call engineer meets it on a busy
+node: `gpuscope demo` runs a leaking service and attaches to it while another process on the
+node grows faster. Once the service's alert is on screen, at most two keys, each announced where
+the operator looks, diagnose the service itself (by its PID, whatever else grows) and put the
+culprit's function and file:line on screen."""
 
 import re
+import subprocess
+import sys
 
+import psutil
 import pytest
 
 from helpers import gpuscope_cmd, wait_until
@@ -11,12 +16,49 @@ from helpers import gpuscope_cmd, wait_until
 pytestmark = pytest.mark.terminal
 
 MAX_KEYS = 2
+# A program on the same node whose memory grows faster than the demo's leak (about 6 MB/s) for a
+# minute, then stays: the console must not send the operator to it.
+FASTER_GROWER = """
+import sys, time
+held = []
+for _ in range(60):
+    held.append(bytearray(12 << 20))
+    for page in range(0, 12 << 20, 4096):
+        held[-1][page] = 1
+    time.sleep(1.0)
+print("grown", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def faster_grower():
+    proc = subprocess.Popen([sys.executable, "-c", FASTER_GROWER], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    yield proc
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+def demo_service_pid(tmux) -> int | None:
+    """The demo's service, among what the terminal runs: the test knows what it started."""
+    try:
+        children = psutil.Process(tmux.pid()).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        try:
+            if "gpuscope.demo.service" in child.cmdline():
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
 
 
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
 @pytest.mark.timeout(300)  # the demo's leak must first grow into an alert: slow on a busy machine
-def test_from_the_alert_to_the_culprit_in_two_announced_keys(tmux_session, size):
+def test_from_the_alert_to_the_culprit_in_two_announced_keys(tmux_session, faster_grower, size):
     tmux = tmux_session(gpuscope_cmd() + ["demo"], env={"TERM": "xterm-256color"}, size=size)
+    service = wait_until(lambda: demo_service_pid(tmux), timeout=60, what="the demo's service")
     pressed: list[str] = []
 
     def press(key: str, announced: str) -> None:
@@ -25,12 +67,19 @@ def test_from_the_alert_to_the_culprit_in_two_announced_keys(tmux_session, size)
         pressed.append(key)
         tmux.keys(key)
 
+    # The bar shows the attached service's alert once it comes, whatever else grows faster.
     wait_until(lambda: "⚠ LEAK +" in tmux.screen() and "w: diagnose" in tmux.screen(), timeout=90, interval=0.5,
-               what="the leak alert, with the key that diagnoses it")
+               what="the service's leak alert, with the key that diagnoses it")
+    at_alert = tmux.screen()
+    # The service's chart and its process panel stay beside the alert bar and the service panel, 80x24 too.
+    assert "SERVICE" in at_alert and f"PID {service}: " in at_alert and "threads " in at_alert, at_alert
     press("w", "w: diagnose")
     wait_until(lambda: "Diagnosis of PID" in tmux.screen() and "y: find the code that keeps memory" in tmux.screen(),
                timeout=30, what="the wizard, offering the search")
-    assert "j k: steps" in tmux.screen()  # how to move, on the same line
+    title = tmux.screen()
+    assert f"Diagnosis of PID {service} (" in title, f"not the demo's service (PID {service}):\n{title}"
+    assert "gpuscope.demo.service" in title  # named by what it runs, not by its PID alone
+    assert "j k: steps" in title  # how to move, on the same line
     press("y", "y: find the code that keeps memory")
     wait_until(lambda: "memray running" in tmux.screen(), timeout=20, what="the search, running")
 

@@ -104,7 +104,11 @@ def test_enter_on_a_fleet_row_hands_the_terminal_to_the_attach_command_and_comes
                         timeout=60, interval=0.5, what="the leaking process's row, growing")
     first = next(line for line in screen.splitlines() if line.lstrip().startswith("node-a"))
     assert f" {pid} " in first, screen  # the fastest growth is the first row, where the cursor starts
-
+    # Its footer offers its own keys only, and the console's do nothing here: `w` on a fleet row
+    # must not diagnose a process of this node.
+    footer = screen.rstrip().splitlines()[-1]
+    assert "Attach" in footer and not any(key in footer for key in ("Diagnose", "Filter", "Stacks", "Alloc")), footer
+    tmux.keys("w")  # keys are read in order: had `w` opened a diagnosis, Enter would go to it, not to the row
     tmux.keys("Enter")
     suspended = wait_until(lambda: (lambda s: s if "press Enter to go back" in s else None)(tmux.screen()),
                            timeout=15, what="the attach command's output")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import time
-import types
 from dataclasses import replace
 
 from textual.widgets import OptionList
@@ -135,11 +134,7 @@ def _unescaped(markdown: str) -> str:
 
 
 async def test_the_wizard_and_the_report_show_the_same_evidence_lines(tmp_path, monkeypatch):
-    import gpuscope.tui.wizard as wizard
-
-    monkeypatch.setattr(wizard, "time", types.SimpleNamespace(time=lambda: NOW, monotonic=time.monotonic,
-                                                              strftime=time.strftime))
-    app = GpuScopeApp(live(FakeSource(frame(), evidence=rich_evidence())))
+    app = GpuScopeApp(live(FakeSource(frame(time=NOW), evidence=rich_evidence())))  # the frame shown: 18 s later
     panels: dict[int, str] = {}
     async with app.run_test(size=(160, 60)) as pilot:
         await pilot.pause()
@@ -151,15 +146,23 @@ async def test_the_wizard_and_the_report_show_the_same_evidence_lines(tmp_path, 
             steps.highlighted = i
             await pilot.pause()
             panels[i + 1] = screen.query_one("#step", TextLines).text.plain
-    lines = evidence_lines(d, NOW)
-    report = _unescaped(build_report(_recorded(tmp_path, d), now=NOW))
+    # The wizard dates moments from the frame shown (a replay's position; live, the latest frame);
+    # the report gives clock times only: it is read later than it is written.
+    lines = evidence_lines(d, app.frame.time)
+    dated = evidence_lines(d)
+    report = _unescaped(build_report(_recorded(tmp_path, d)))
+    assert " ago)" in "\n".join(lines[2]) and " ago" not in report
     for n in range(1, 8):
 
         for line in lines[n]:
             assert line in panels[n], (n, line, panels[n])
+        for line in dated[n]:
             assert f"- {line}" in report, (n, line)
     for line in lines[VERDICT]:  # the verdict's: under the verdict in the report, on the Classify step in the wizard
-        assert line in panels[6] and f"- {line}" in report, line
+        assert line in panels[6], line
+    for line in dated[VERDICT]:
+        assert f"- {line}" in report, line
+    assert "— –" not in report and "### 3. Throughput per request — skipped" in report
     assert "since" in "\n".join(lines[2]) and "{" not in panels[1]  # no raw JSON in the panel
 
 
@@ -169,3 +172,19 @@ def test_a_diagnosis_from_a_recording_without_the_typed_evidence_still_reads(tmp
     old = replace(d, evidence=type(d.evidence)(), instrument=None)
     lines = evidence_lines(old, NOW)
     assert lines[VERDICT] and not lines[1] and not _too_precise("\n".join(lines[VERDICT]))
+
+
+def test_a_search_from_the_console_takes_its_tracker_s_window_out_of_the_memory_trend():
+    """The console adds the allocation sites to what it recorded: the window the tracker ran in is
+    then on the evidence's clock, and the diagnosis never says both that no tracker ran inside the
+    process and that one tracked for seconds."""
+    from gpuscope.core.diagnosis.recorded import with_attribution
+
+    ev = rich_evidence()
+    recorded = replace(ev, attribution=None, instrumented=())  # as the console recorded it
+    found = with_attribution(recorded, ev.attribution)
+    [(start, end)] = found.instrumented
+    assert abs(start + 40.123456789) < 1e-6 and abs(end + 25.987654321) < 1e-6
+    verdict = "\n".join(evidence_lines(diagnose(found))[VERDICT])
+    assert "tracked for" in verdict and "no tracker ran" not in verdict, verdict
+    assert "before the tracker ran" in verdict

@@ -63,8 +63,8 @@ def test_every_bound_key_is_documented():
 
 
 def test_the_help_and_the_readme_state_the_same_rule():
-    rule = "w is for the alert shown in the alert bar (else the selected row)"
+    rule = "w is for what you look at: the attached process, else a row you moved to, else the alert bar's"
     assert rule in " ".join(HELP.split())
     readme = " ".join(README.read_text().split())
-    assert ("`w` diagnoses the alert shown in the alert bar (else the selected row); every other key that "
-            "names a process means the selected row.") in readme
+    assert ("`w` diagnoses what you are looking at: the attached process, else a row you moved to, else the "
+            "alert shown in the alert bar; every other key that names a process means the selected row.") in readme

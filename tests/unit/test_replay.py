@@ -19,6 +19,8 @@ from gpuscope.core.session.report import build_report
 from gpuscope.core.serving.model import ServingSnapshot, Signals, StageStats
 from gpuscope.core.target.stacks import StackDump, StackFrame, ThreadStack
 from gpuscope.tui.app import GpuScopeApp
+from gpuscope.tui.textlines import TextLines
+from textual.widgets import Footer, OptionList
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import DumpScreen
 from gpuscope.tui.timeline import Timeline
@@ -142,6 +144,10 @@ def test_the_report_has_the_verdict_steps_chart_stacks_and_numbers(tmp_path):
         assert f"### {number}. " in report
     assert "## Memory of PID 4242" in report and "GPU memory (MiB):" in report and "RSS (MiB):" in report and "⠀" not in report.split("```")[0]
     assert "remember  /srv/retriever.py:42" in report  # the recorded stack dump
+    # No allocation search was made: step 7 gives the code path the dump found, said for what it is.
+    step7 = report.split("### 7. ")[1].split("\n## ")[0]
+    assert "Code path recorded: `remember` (`/srv/retriever.py:42`) in thread MainThread (gil)" in step7, step7
+    assert "not what allocated" in step7
     assert "| 4242 | svc | 0 |" in report and "api-key ***" in report  # the process table, redacted as recorded
     assert "| e2e_latency_p95_s | 0.2 |" in report and "| retriever |" in report
     assert "\x1b[" not in report
@@ -197,6 +203,15 @@ async def test_the_console_over_a_replay(tmp_path, monkeypatch):
         await pilot.press("w")
         await pilot.pause(0.3)
         assert isinstance(app.screen, WizardScreen) and app.screen.diagnosis.verdict == "leak"
+        # Its moments are dated from the replay's position (the growth began with the recording),
+        # not from today; and its footer offers no search, which a replay cannot run.
+        wizard = app.screen
+        wizard.query_one(OptionList).highlighted = 1
+        await pilot.pause(0.1)
+        panel = wizard.query_one("#step", TextLines).text.plain
+        assert f"since {time.strftime('%H:%M:%S', time.localtime(T0))} ({cursor - T0:.0f} s ago)" in panel, panel
+        footer = " ".join(str(key.render()) for key in wizard.query_one(Footer).query("FooterKey"))
+        assert "Find the code" not in footer and "Re-run" in footer, footer
 
 
 async def test_the_replay_keys_are_only_in_a_replay():

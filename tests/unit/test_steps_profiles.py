@@ -8,12 +8,17 @@ rises). A step that returned a fixed answer fails one of the two.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
-from gpuscope.core.diagnosis.steps import ALERT, OK, WARN, Evidence, Series, step_backpressure, step_throughput
+from gpuscope.core.diagnosis.endpoint import serves_endpoint
+from gpuscope.core.diagnosis.steps import ALERT, OK, SKIPPED, WARN, Evidence, Series, step_backpressure, step_throughput
 from gpuscope.core.diagnosis.investigation import first_measured
 from gpuscope.core.serving.source import ServingSource, make_collector
 
@@ -123,10 +128,12 @@ def watched(profile: str, degrading: bool, seconds: float = 4.0) -> Evidence:
             time.sleep(seconds)
         finally:
             source.stop()
+        # The server runs in this process: the process diagnosed is the one that serves the signals.
+        serves = serves_endpoint(os.getpid(), server.url())
     ok = [s for s in snapshots if s.ok]
     assert ok and ok[-1].profile == profile, [s.state for s in snapshots[-1:]]
-    return Evidence(pid=1, command="", duration_s=seconds, rss=Series((), ()), serving_start=first_measured(ok),
-                    serving_end=ok[-1])
+    return Evidence(pid=os.getpid(), command="", duration_s=seconds, rss=Series((), ()), serving_start=first_measured(ok),
+                    serving_end=ok[-1], serves=serves)
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +167,30 @@ def test_a_stage_that_slows_and_takes_the_time_is_backpressure_and_the_service_d
     assert step.status == WARN and other in step.finding, step.finding
     throughput = step_throughput(ev)
     assert throughput.status == ALERT and "P95" in throughput.finding, throughput.finding
+    assert "bear on" not in throughput.finding  # the process serves them: nothing to explain
+
+
+def orphan_sleeper() -> int:
+    """A process on this host that serves nothing, and whose parent is not this (serving) process."""
+    out = subprocess.run(["sh", "-c", "sleep 120 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+def test_steps_3_and_5_judge_the_service_only_for_its_own_process(evidence):
+    ev = evidence[("vllm", True)]
+    assert ev.serves is True
+    other = orphan_sleeper()
+    try:
+        with MetricsServer() as server:
+            assert serves_endpoint(os.getpid(), server.url()) is True
+            assert serves_endpoint(other, server.url()) is False
+            not_it = replace(ev, pid=other, serves=serves_endpoint(other, server.url()))
+    finally:
+        os.kill(other, signal.SIGKILL)
+    for step in (step_throughput(not_it), step_backpressure(not_it)):
+        assert step.status == SKIPPED and f"PID {other} is not the service" in step.finding, step.finding
+    # Whose signals they are not known (a Prometheus server's): judged, and said what they bear on.
+    unknown = replace(ev, serves=None)
+    throughput = step_throughput(unknown)
+    assert throughput.status == WARN and "only if it serves them" in throughput.finding, throughput.finding
+    assert serves_endpoint(os.getpid(), "http://prometheus.example:9090 job=vllm") is None

@@ -53,6 +53,35 @@ async def test_enter_runs_the_attach_command_of_the_selected_row_and_the_console
     screen.view.source.stop()
 
 
+async def test_the_fleet_view_offers_and_obeys_only_its_own_keys(monkeypatch):
+    """Its rows are other machines' processes: the console's keys (`w` above all, which would
+    diagnose the local alert's PID) neither show in its footer nor act."""
+    from textual.widgets import Footer
+
+    from gpuscope.core.node.model import Alert
+    from gpuscope.tui.wizard import WizardScreen
+
+    alert = Alert("rss", 4243, None, "PID 4243 rag_worker.py · python (RSS)", 6.4e6, 0.0, None, 0.8, "floor rose")
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(alert,), focus=None))), fleet=view([]))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.press("f")
+        await pilot.pause(0.3)
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        footer = " ".join(str(key.render()) for key in screen.query_one(Footer).query("FooterKey"))
+        for local in ("Diagnose", "Filter", "Stacks", "Alloc", "Export"):
+            assert local not in footer, footer
+        assert "Attach" in footer and "Back" in footer
+        await pilot.press("w", "d", "a", "e", "slash")
+        await pilot.pause()
+        assert app.screen is screen and not isinstance(app.screen, WizardScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("w")  # back on the node, the console's keys are its own again
+        assert isinstance(app.screen, WizardScreen) and app.screen.pid == 4243
+    screen.view.source.stop()
+
+
 async def test_without_prometheus_the_key_says_what_to_give():
     app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:

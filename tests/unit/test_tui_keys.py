@@ -3,6 +3,7 @@ users of htop, vi and k9s reach for, and from an alert to the culprit in two key
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from textual.widgets import OptionList, Static
@@ -55,7 +56,7 @@ async def test_the_live_alert_leads_and_the_exited_one_is_marked():
         await pilot.pause()
         bar = app.query_one(AlertBar).text.plain
         assert bar.startswith("⚠ LEAK +") and "PID 4243" in bar and "(exited)" not in bar
-        assert "A: all 2 alerts" in bar
+        assert "1 of 2 alerts, A: all" in bar
         await pilot.press("A")
         assert isinstance(app.screen, AlertListScreen)
         listed = app.screen.query_one(OptionList)
@@ -75,7 +76,7 @@ async def test_an_exited_alert_alone_is_shown_dim_and_marked():
 
 
 async def test_the_alert_list_picks_the_alert_w_diagnoses():
-    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE, EXITED)))))
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE, EXITED), focus=None))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("A", "j", "enter")  # the second alert
@@ -86,22 +87,85 @@ async def test_the_alert_list_picks_the_alert_w_diagnoses():
         assert isinstance(app.screen, WizardScreen) and app.screen.pid == 5100
 
 
-async def test_w_means_the_alert_bar_else_the_selected_row_and_d_the_selected_row(monkeypatch):
+async def test_w_means_the_attached_process_then_a_row_moved_to_then_the_alert(monkeypatch):
     pushed = []
-    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE,)))))
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE,)))))  # attached to 4242, the alert is 4243's
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        assert app.query_one(ProcessTable).selected_row.pid == 4242
+        bar = app.query_one(AlertBar).text.plain
+        assert "click: diagnose · w: PID 4242" in bar and "w: diagnose" not in bar  # the bar says what `w` means
         await pilot.press("w")
-        assert app.screen.pid == 4243  # the alert's, not the selected row's
+        assert app.screen.pid == 4242  # the attached process, not the alert's
         await pilot.press("escape")
         monkeypatch.setattr(app, "push_screen", lambda screen, *a, **k: pushed.append(screen))
         await pilot.press("d", "a")
         assert [s.pid for s in pushed] == [4242, 4242]
-    app = GpuScopeApp(live(FakeSource(frame())))
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE,), focus=None))))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        await pilot.press("j", "w")  # no alert: the selected row
+        assert app.query_one(ProcessTable).selected_row.pid == 4242 and "w: diagnose" in app.query_one(AlertBar).text.plain
+        await pilot.press("w")
+        assert app.screen.pid == 4243  # nothing attached, no row moved to: the alert's
+        await pilot.press("escape", "j", "j")  # the operator moves to a row: `w` means it now
+        assert app.query_one(ProcessTable).selected_row.pid == 5100
+        assert "click: diagnose · w: PID 5100" in app.query_one(AlertBar).text.plain
+        await pilot.press("w")
+        assert app.screen.pid == 5100
+    app = GpuScopeApp(live(FakeSource(frame(focus=None))))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("w")  # no alert, nothing attached: the selected row
+        assert app.screen.pid == 4242
+
+
+async def test_a_click_on_the_bar_diagnoses_its_alert_whatever_w_means():
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE,)))))  # attached to 4242
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.click(AlertBar)
+        assert isinstance(app.screen, WizardScreen) and app.screen.pid == 4243
+
+
+FASTER = Alert("rss", 9001, None, "PID 9001 train_tokenizer.py · python (RSS)", 22e6, NOW - 10, None, 0.7, "floor rose")
+
+
+async def test_the_bar_holds_its_alert_when_another_grows_faster_and_says_which_of_how_many():
+    source = FakeSource(frame(alerts=(LIVE,), focus=None))
+    app = GpuScopeApp(live(source))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("w")
+        assert isinstance(app.screen, WizardScreen) and app.screen.pid == 4243
+        source.send(frame(alerts=(FASTER, LIVE), focus=None))  # mid-diagnosis, a faster grower
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        bar = app.query_one(AlertBar).text.plain
+        assert "PID 4243" in bar and "2 of 2 alerts, A: all" in bar, bar
+        await pilot.press("w")
+        assert app.screen.pid == 4243  # the alert the operator saw, not the faster newcomer
+
+
+async def test_the_attached_process_s_alert_takes_the_bar_when_it_comes():
+    source = FakeSource(frame(alerts=(FASTER,), focus=replace(frame().focus, pid=4243), selected_pid=4243))
+    app = GpuScopeApp(live(source))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert "PID 9001" in app.query_one(AlertBar).text.plain
+        source.send(frame(alerts=(FASTER, LIVE), focus=replace(frame().focus, pid=4243), selected_pid=4243))
+        await pilot.pause()
+        bar = app.query_one(AlertBar).text.plain
+        assert "PID 4243" in bar and "w: diagnose" in bar, bar
+
+
+async def test_the_bar_shows_the_attached_process_s_alert_first():
+    attached = frame(alerts=(FASTER, LIVE), focus=replace(frame().focus, pid=4243), selected_pid=4243)
+    app = GpuScopeApp(live(FakeSource(attached)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        bar = app.query_one(AlertBar).text.plain
+        assert "PID 4243" in bar and "w: diagnose" in bar and "2 of 2 alerts" in bar, bar
+        await pilot.press("w")
         assert app.screen.pid == 4243
 
 
@@ -177,7 +241,7 @@ async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypa
         return CULPRIT
 
     monkeypatch.setattr("gpuscope.core.diagnosis.ladder.attribute", attribute)
-    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE,)))))
+    app = GpuScopeApp(live(FakeSource(frame(alerts=(LIVE,), focus=None))))
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         bar = app.query_one(AlertBar)
@@ -187,7 +251,8 @@ async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypa
         wizard = app.screen
         assert isinstance(wizard, WizardScreen) and wizard.pid == 4243
         keys = "".join(wizard.query_one("#wizard-keys", TextLines).lines)
-        assert "j k: steps" in keys and "y: find the code that keeps memory (memray" in keys  # the second
+        assert "j k: steps" in keys and "y: find the code that keeps memory (memray attach, about" in keys  # the second
+        assert "memray memray" not in keys
         await pilot.press("y")
         await wait_for(pilot, lambda: "memray running · 1 s" in screen_text(app))  # alive, with its clock
         assert "s left" in screen_text(app) and "7 allocation sites seen" in screen_text(app)
@@ -209,3 +274,21 @@ async def test_the_confirmation_speaks_of_gdb_only_without_the_probe():
         app.push_screen(ConfirmAttach(4242, probe=False))
         await pilot.pause()
         assert "gdb" in screen_text(app)
+
+
+async def test_a_suspect_s_share_and_size_stay_on_an_80_column_line():
+    from textual.widgets import Tree
+
+    from gpuscope.tui.stacks import AttributionScreen
+
+    deep = "/srv/envs/rag-service/lib/python3.11/site-packages/company_retrieval/indexes/long_module_name.py"
+    found = replace(CULPRIT, suspects=(replace(CULPRIT.suspects[0], file=deep),))
+    app = GpuScopeApp(live(FakeSource(frame())))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        app.push_screen(AttributionScreen(found))
+        await pilot.pause()
+        tree = app.screen.query_one(Tree)
+        lines = ["".join(seg.text for seg in tree.render_line(y)) for y in range(tree.size.height)]
+        first = next(line for line in lines if "1. " in line)
+        assert "91% · 114 MiB  _remember" in first, first

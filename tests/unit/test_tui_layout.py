@@ -38,7 +38,7 @@ def shown_rows(app) -> int:
     return min(inside, drawn)
 
 
-@pytest.mark.parametrize("size, at_least", [((80, 24), 8), ((60, 16), 1)])
+@pytest.mark.parametrize("size, at_least", [((80, 24), 4), ((60, 16), 1)])
 async def test_the_table_keeps_its_rows_with_an_alert_and_the_service_panel(size, at_least):
     app = GpuScopeApp(live(FakeSource(crowded_frame()), serving=FakeServing(snapshot())))
     async with app.run_test(size=size) as pilot:
@@ -50,6 +50,24 @@ async def test_the_table_keeps_its_rows_with_an_alert_and_the_service_panel(size
         if size[0] >= 80:
             assert "llm 300ms/450ms 90%" in service.lines[2] and "…" not in service.lines[2]
         assert shown_rows(app) >= at_least, app.query_one(ProcessTable).region
+
+
+async def test_at_80x24_with_an_alert_and_the_service_panel_the_chart_and_the_process_panel_stay():
+    """The culprit's trend and details stay: the table's rows past the first few are what yields,
+    and what is cut on the way says so with an ellipsis."""
+    from gpuscope.tui.detail import ProcessPanel
+
+    app = GpuScopeApp(live(FakeSource(crowded_frame()), serving=FakeServing(snapshot())))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.query_one("#alerts").region.height == 1 and app.query_one(ServicePanel).region.height == 3
+        chart, panel = app.query_one(MemoryChart), app.query_one(ProcessPanel)
+        assert chart.region.height >= 8 and panel.region.height >= 8 and panel.region.width >= 20
+        assert chart.region.bottom <= app.screen.region.height - 1  # above the footer, on screen
+        assert "PID 4242" in panel.text.plain
+        assert shown_rows(app) >= 4
+        title = chart.plain.splitlines()[0].strip()
+        assert title.startswith("PID 4242") and (title.endswith("time of day") or title.endswith("…")), title
 
 
 async def test_at_80x24_without_panels_the_chart_stays_beside_a_full_table():

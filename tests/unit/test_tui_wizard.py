@@ -45,7 +45,7 @@ async def wait_for(pilot, condition, timeout=20.0):
 
 
 async def test_the_alert_bar_opens_the_wizard_on_its_process():
-    source = FakeSource(frame(alerts=(ALERT,)))
+    source = FakeSource(frame(alerts=(ALERT,), focus=None))  # nothing attached
     app = GpuScopeApp(live(source))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
@@ -68,7 +68,8 @@ async def test_steps_navigation_and_the_verdict():
         wizard = app.screen
         assert isinstance(wizard, WizardScreen)
         title = wizard.query_one("#wizard-title", TextLines).text.plain
-        assert "Diagnosis of PID 4242 leak (steady-growth)" in title
+        # The process by its name (what it runs first), not its PID alone.
+        assert "Diagnosis of PID 4242 (serve.py --api-key *** · python): leak (steady-growth)" in title
         steps = wizard.query_one("#steps", OptionList)
         assert steps.highlighted == 1  # the first step with an alert: host memory
         assert "RSS grows" in step_text(app)

@@ -24,6 +24,7 @@ from dataclasses import replace
 import psutil
 
 from gpuscope.core.diagnosis import ladder as allocations
+from gpuscope.core.diagnosis.endpoint import serves_endpoint
 from gpuscope.core.diagnosis.recorded import source_evidence
 from gpuscope.core.diagnosis.steps import Evidence
 from gpuscope.core.node.model import Frame
@@ -120,6 +121,7 @@ def investigate(
         instrumented = ((att.window[0] - now, att.window[1] - now),)
     return replace(
         evidence,
+        serves=serves_endpoint(pid, snapshots[-1].target) if snapshots else None,
         serving_start=first_measured(ok) if ok else (snapshots[0] if snapshots else None),
         serving_end=snapshots[-1] if snapshots else None,
         attribution=att,

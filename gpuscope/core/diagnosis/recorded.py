@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol, cast
+
+from gpuscope.core.diagnosis.attribution import Attribution
 
 from gpuscope.core.diagnosis.steps import DeviceEvidence, Evidence, Series
 from gpuscope.core.node.model import Frame, MemorySeries
@@ -71,3 +74,14 @@ def evidence_of(
         ended_at=now,
         started_at=series.started if series is not None else None,
     )
+
+
+def with_attribution(evidence: Evidence, attribution: Attribution | None) -> Evidence:
+    """`evidence` with the allocation sites of a search, and the window its tracker ran inside the
+    process on the evidence's clock: the memory trend then leaves out what the tracker itself added,
+    and the diagnosis never says both that no tracker ran and that one tracked for seconds."""
+    instrumented = evidence.instrumented
+    if attribution is not None and attribution.window is not None and evidence.ended_at is not None:
+        start, end = attribution.window
+        instrumented = ((start - evidence.ended_at, end - evidence.ended_at),)
+    return replace(evidence, attribution=attribution, instrumented=instrumented)

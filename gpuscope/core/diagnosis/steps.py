@@ -28,7 +28,9 @@ from gpuscope.core.diagnosis.evidence import (
 from gpuscope.core.leak.growth import floor_growth, theil_sen
 from gpuscope.core.leak import (WARMUP_S, HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, assess, ended_run,
                                  held_trend, kendall_tau, warming_up)
-from gpuscope.core.common.markdown import md_code, md_text
+from gpuscope.core.common.markdown import md_code as _md_code, md_text as _md_text
+from gpuscope.core.common.printable import printable
+from gpuscope.core.node.command_display import short_command
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.serving.profiles import is_model_stage, model_stages
 from gpuscope.core.serving.model import FleetRow, ServingSnapshot
@@ -95,6 +97,9 @@ class Evidence:
     instrumented: tuple[tuple[float, float], ...] = ()
     ended_at: float | None = None  # wall clock of time 0 on the clock of the series (the window's end)
     started_at: float | None = None  # wall clock of the process's start, where known
+    # Whether the process serves the service's signals (it or its tree listens on the metrics
+    # endpoint): False skips steps 3 and 5; None (not known) has them say what they judge.
+    serves: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +154,11 @@ class Diagnosis:
             "instrument": self.instrument.to_json() if self.instrument is not None else {},
         }
 
-    def to_text(self, now: float | None = None) -> str:
+    def to_text(self, now: float | None = None, *, markdown: bool = True) -> str:
         """The report as Markdown; every text from the process or a recording escaped. `now`
-        (wall clock) dates the evidence's moments ("18 s ago")."""
+        (wall clock) dates the evidence's moments ("18 s ago"). Without `markdown` (for a
+        terminal), the same lines with nothing escaped: only made printable."""
+        md_text, md_code = (_md_text, _md_code) if markdown else (_plain_text, _plain_code)
         mark = {OK: "ok", WARN: "warn", ALERT: "ALERT", SKIPPED: "skipped"}
         evidence = evidence_lines(self, now)
         lines = [
@@ -179,6 +186,14 @@ class Diagnosis:
                 lines.append(f"{i}. {md_code(s.function)} ({md_code(f'{s.file}:{s.line}')}) {s.share * 100:.0f}% {size} "
                              f"[{md_text(s.method)}]")
         return "\n".join(lines).rstrip() + "\n"
+
+
+def _plain_text(text: object, *, line_start: bool = False) -> str:
+    return printable(str(text))
+
+
+def _plain_code(text: str, *, empty: str = "(none)") -> str:
+    return printable(text) or empty
 
 
 def _int(v: float | None) -> int | None:
@@ -366,11 +381,31 @@ def service_numbers(ev: Evidence) -> ServiceNumbers | None:
                      for st in end.stages))
 
 
+def _not_the_service(ev: Evidence, number: int, title: str) -> Step | None:
+    """Steps 3 and 5 judge the service: skipped for a process known not to serve it."""
+    end = ev.serving_end
+    if ev.serves is False and end is not None:
+        return Step(number, title, SKIPPED,
+                    f"skipped: PID {ev.pid} is not the service (neither it nor its parent or children listen on "
+                    f"{end.target}): the service's signals do not bear on it.")
+    return None
+
+
+def _whose(ev: Evidence) -> str:
+    """Said where it is not known that the process serves the signals a step judges."""
+    if ev.serves:
+        return ""
+    return f" These are the service's signals ({ev.serving_end.target if ev.serving_end else '?'}): they bear on " \
+           f"PID {ev.pid} only if it serves them."
+
+
 def step_throughput(ev: Evidence, service: ServiceNumbers | None = None) -> Step:
     title = TITLES[2]
     end = ev.serving_end
     if end is None:
         return Step(3, title, SKIPPED, "skipped: no metrics source (give --metrics-url or --prometheus).")
+    if (other := _not_the_service(ev, 3, title)) is not None:
+        return other
     if not end.ok and end.as_of is None:
         return Step(3, title, SKIPPED, f"skipped: the metrics source did not answer ({end.state}).")
     n = service or service_numbers(ev)
@@ -394,10 +429,12 @@ def step_throughput(ev: Evidence, service: ServiceNumbers | None = None) -> Step
     summary += f"{tps_now:.0f} tokens/s" if tps_now is not None else "tokens/s unknown"
     if per_request is not None:
         summary += f", {per_request:.0f} tokens per request"
+    evidence["serves"] = ev.serves
     if worse:
-        return Step(3, title, ALERT, f"The service is degrading: {', '.join(worse)} ({summary}).",
+        return Step(3, title, ALERT if ev.serves else WARN,
+                    f"The service is degrading: {', '.join(worse)} ({summary}).{_whose(ev)}",
                     "Check whether a stage is the bottleneck (step 5).", evidence)
-    return Step(3, title, OK, f"The service holds steady over the window: {summary}.", evidence=evidence)
+    return Step(3, title, OK, f"The service holds steady over the window: {summary}.{_whose(ev)}", evidence=evidence)
 
 
 def growth_ranking(ev: Evidence, source: str) -> list[tuple[int, float]]:
@@ -429,10 +466,23 @@ def step_locate(ev: Evidence, memory: LeakAssessment | None, source: str,
     where = f"on GPU{device}" if source == "gpu" else "on this host"
     if top_pid == ev.pid:
         status = ALERT if memory is not None and memory.is_leak else OK
-        return Step(4, title, status, f"PID {ev.pid} grows fastest {where} ({format_rate(top_growth)} MB/s).",
+        return Step(4, title, status, f"{_named(ev, ev.pid)} grows fastest {where} ({format_rate(top_growth)} MB/s).",
                     "Confirm it is the service you expect, then classify the growth (step 6).", evidence)
-    return Step(4, title, WARN, f"PID {top_pid} grows faster {where} ({format_rate(top_growth)} MB/s) than PID {ev.pid}.",
+    return Step(4, title, WARN, f"{_named(ev, top_pid)} grows faster {where} ({format_rate(top_growth)} MB/s) "
+                f"than {_named(ev, ev.pid)}.",
                 f"Diagnose PID {top_pid} as well: gpuscope diagnose --pid {top_pid}", evidence)
+
+
+NAME_CHARS = 60  # a process's name in a finding: enough to tell one service from another
+
+
+def _named(ev: Evidence, pid: int) -> str:
+    """`PID 123 (serve.py --port 8000 · /usr/bin/python3)`: what the process runs first, so the
+    operator can confirm it is the service they expect; the PID alone where its command is not known."""
+    command = ev.command if pid == ev.pid else next((r.command for r in ev.processes if r.pid == pid), "")
+    if not command:
+        return f"PID {pid}"
+    return f"PID {pid} ({short_command(command, NAME_CHARS)})"
 
 
 def _fleet_json(row: FleetRow) -> dict:
@@ -445,6 +495,8 @@ def step_backpressure(ev: Evidence, service: ServiceNumbers | None = None) -> St
     end = ev.serving_end
     if end is None:
         return Step(5, title, SKIPPED, "skipped: no metrics source (give --metrics-url or --prometheus).")
+    if (other := _not_the_service(ev, 5, title)) is not None:
+        return other
     if not end.stages:
         return Step(5, title, SKIPPED, f"skipped: the service ({end.profile or 'unknown profile'}) exports no stage latencies.")
     start = {st.name: st for st in ev.serving_start.stages} if ev.serving_start else {}
@@ -464,9 +516,9 @@ def step_backpressure(ev: Evidence, service: ServiceNumbers | None = None) -> St
     shares = ", ".join(f"{st.name} {100 * (st.share or 0):.0f}%" for st in end.stages)
     if slowing or bottleneck:
         what = "; ".join(slowing) if slowing else f"{busiest.name} takes {100 * (busiest.share or 0):.0f}% of request time"
-        return Step(5, title, WARN, f"Backpressure: {what} ({shares}).",
+        return Step(5, title, WARN, f"Backpressure: {what} ({shares}).{_whose(ev)}",
                     f"Look at {slowing[0].split()[0] if slowing else busiest.name}: the memory growth may be a backlog there.", evidence)
-    return Step(5, title, OK, f"No stage is slowing the pipeline ({shares}).", evidence=evidence)
+    return Step(5, title, OK, f"No stage is slowing the pipeline ({shares}).{_whose(ev)}", evidence=evidence)
 
 
 def step_classify(ev: Evidence, memory: LeakAssessment | None, source: str) -> tuple[Step, str, str]:

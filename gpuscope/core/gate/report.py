@@ -245,7 +245,7 @@ def to_markdown(run: CheckRun, verdict: Verdict, baseline: Baseline | None) -> s
             out.append("|" + "---|" * len(row))
     out.append("")
     if verdict.sites and not verdict.passed:
-        out += ["### Sites that grew", "", f"Memory {SITES_HEADING}, per round:", "",
+        out += ["### Sites that grew", "", f"{SITES_HEADING.capitalize()}, per round:", "",
                 "| function | where | per round | baseline |", "|---|---|---|---|"]
         out += [f"| `{_code(g.site.function)}` | `{_code(g.site.where)}` | {format_size(g.excess, sign=True, na='—')} | "
                 f"{format_size(g.baseline_per_round)} |" for g in verdict.sites]

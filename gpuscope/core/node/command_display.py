@@ -58,3 +58,10 @@ def display_command(command: str) -> str:
 
 def _quote(word: str) -> str:
     return shlex.quote(word) if word == "" or any(c.isspace() for c in word) else word
+
+
+def short_command(command: str, chars: int) -> str:
+    """`display_command(command)` in at most `chars` characters, cut with an ellipsis: a name that
+    says what the process runs, for a line that has room for little else."""
+    shown = display_command(command)
+    return shown if len(shown) <= chars else shown[: chars - 1] + "…"

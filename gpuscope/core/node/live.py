@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+from gpuscope.core.node.command_display import short_command
 from gpuscope.core.node.host import HostCollector, ProcessForbidden, ProcessGone, SeenProcess
 from gpuscope.core.target.interpreter import is_python
 from gpuscope.core.leak import LeakAlert, LeakThresholds, LeakWatch
@@ -362,7 +363,7 @@ class NodeSource:
             proc = next((p for p in snap.processes if p.pid == ident), None)
             what = "GPU memory" if kind == "gpu" else "RSS"
             # Gone from the host: the console marks the alert `ended` ("(exited)"), the label need not.
-            command = (proc.command[:48] + "…" if len(proc.command) > 48 else proc.command) if proc else ""
+            command = short_command(proc.command, 48) if proc else ""
             label, pid, index = " ".join(filter(None, (f"PID {ident}", command, f"({what})"))), ident, key[3] if kind == "gpu" else None
         return Alert(kind, pid, index, label, alert.growth_bytes_per_s, a.since, a.time_to_full_s, a.confidence, a.reason,
                      ended=alert.ended)

@@ -88,8 +88,14 @@ class LiveSession(Session):
             from gpuscope.core.diagnosis.recorded import source_evidence
 
             self._evidence = source_evidence
+        from gpuscope.core.diagnosis.endpoint import serves_endpoint
+        from gpuscope.core.diagnosis.recorded import with_attribution
+
         evidence = self._evidence(self.source, pid, seconds)
-        return dataclasses.replace(evidence, serving_end=self._serving_snapshot, attribution=self.best_attribution(pid))
+        serving = self._serving_snapshot
+        evidence = dataclasses.replace(evidence, serving_end=serving,
+                                       serves=serves_endpoint(pid, serving.target) if serving is not None else None)
+        return with_attribution(evidence, self.best_attribution(pid))
 
     def recorded(self, kind: str, pid: int) -> Any:
         return self.findings.latest(kind, pid)

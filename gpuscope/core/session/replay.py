@@ -23,7 +23,7 @@ from gpuscope.core.diagnosis.attribution import Attribution
 from gpuscope.core.diagnosis.steps import Diagnosis, Evidence, diagnose
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.node.model import Frame, ProcessDetail, ReplayPosition
-from gpuscope.core.diagnosis.recorded import evidence_of
+from gpuscope.core.diagnosis.recorded import evidence_of, with_attribution
 from gpuscope.core.node.live import CHART_WINDOW_S
 from gpuscope.core.serving.model import ServingSnapshot
 from gpuscope.core.session.export import export_file
@@ -82,7 +82,7 @@ class ReplaySession(Session):
         with self._lock:
             frame = rec.frame(self._index)
         evidence = evidence_of(pid, seconds, frame, frame.time, rec.history, rec.device_history)
-        return replace(evidence, attribution=self.best_attribution(pid), serving_end=rec.serving_at(frame.time))
+        return with_attribution(replace(evidence, serving_end=rec.serving_at(frame.time)), self.best_attribution(pid))
 
     def recorded(self, kind: str, pid: int) -> Any:
         """The last `kind` finding ("stacks", "allocations", ...) of `pid` up to the cursor, or None."""

@@ -23,15 +23,16 @@ from gpuscope.core.diagnosis.evidence import VERDICT, evidence_lines
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.common.markdown import md_block, md_code, md_text
 from gpuscope.core.node.model import Frame
-from gpuscope.core.diagnosis.recorded import evidence_of
+from gpuscope.core.diagnosis.recorded import evidence_of, with_attribution
 from gpuscope.core.session.recording import Recording
 from gpuscope.core.common.units import format_bytes, format_duration, format_rate
+from gpuscope.core.target.stacks import OWN
 
 CHART_WIDTH = 100
 CHART_HEIGHT = 16
 TOP_PROCESSES = 10
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STATUS_WORD = {"ok": "✔ ok", "warn": "▲ warn", "alert": "✖ ALERT", "skipped": "– skipped"}
+STATUS_WORD = {"ok": "✔ ok", "warn": "▲ warn", "alert": "✖ ALERT", "skipped": "skipped"}
 
 
 def subject_pid(recording: Recording, frame: Frame) -> int | None:
@@ -62,18 +63,17 @@ def diagnosis_of(recording: Recording, pid: int, thresholds: LeakThresholds) -> 
     frame = recording.frame(len(recording) - 1)
     span = recording.end - recording.start + 1.0
     evidence = evidence_of(pid, span, frame, frame.time, recording.history, recording.device_history)
-    evidence = replace(
+    evidence = with_attribution(replace(
         evidence,
-        attribution=recording.findings.best_attribution(pid),
         serving_start=next((s for s in recording.serving if s.ok), None),
         serving_end=recording.serving[-1] if recording.serving else None,
-    )
+    ), recording.findings.best_attribution(pid))
     return diagnose(evidence, thresholds), False
 
 
-def build_report(recording: Recording, thresholds: LeakThresholds = LeakThresholds(), *, now: float | None = None) -> str:
-    """The report; `now` (wall clock, by default the time of writing) gives the evidence's moments their age."""
-    now = time.time() if now is None else now
+def build_report(recording: Recording, thresholds: LeakThresholds = LeakThresholds()) -> str:
+    """The report. Its moments are clock times, never ages ("9 min ago"): a report is read later
+    than it is written."""
     last = recording.frame(len(recording) - 1)
     out: list[str] = []
     start, end = recording.start, recording.end
@@ -93,7 +93,7 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
         out += ["## Verdict", "", "No process to diagnose: nothing grew and no alert was raised.", ""]
     else:
         d, recorded = diagnosis_of(recording, pid, thresholds)
-        out += _diagnosis(d, recorded, now)
+        out += _diagnosis(d, recorded, _code_path(recording, pid))
         out += _chart_section(recording, pid, end)
         out += _suspects(recording, d, pid)
     out += _devices(recording, last)
@@ -102,8 +102,23 @@ def build_report(recording: Recording, thresholds: LeakThresholds = LeakThreshol
     return "\n".join(out).rstrip() + "\n"
 
 
-def _diagnosis(d: Diagnosis, recorded: bool, now: float) -> list[str]:
-    evidence = evidence_lines(d, now)
+def _code_path(recording: Recording, pid: int) -> str | None:
+    """Where the process was in the stack dump recorded of it (its busiest thread's innermost frame
+    of its own code), for a report whose allocation sites were not looked for; None without a dump."""
+    dump = recording.findings.latest("stacks", pid)
+    if dump is None or not dump.threads:
+        return None
+    thread = max(dump.threads, key=lambda t: (t.state != "idle", t.owns_gil, bool(t.frames)))
+    frame = next((f for f in thread.frames if f.kind == OWN), thread.frames[0] if thread.frames else None)
+    if frame is None:
+        return None
+    return (f"Code path recorded: {md_code(frame.function)} ({md_code(f'{frame.file}:{frame.line}')}) in thread "
+            f"{md_text(thread.name or thread.thread_id)} ({md_text(thread.state)}), from the py-spy dump at "
+            f"{_when(dump.time)}: where the process was, not what allocated (its stacks are below).")
+
+
+def _diagnosis(d: Diagnosis, recorded: bool, code_path: str | None = None) -> list[str]:
+    evidence = evidence_lines(d)
     how = "as diagnosed during the session" if recorded else "computed from the recording"
     growth = format_rate(d.memory.growth_bytes_per_s, na="-")
     out = [
@@ -128,6 +143,8 @@ def _diagnosis(d: Diagnosis, recorded: bool, now: float) -> list[str]:
         if step.next:
             out.append("")
             out.append(f"Next: {md_text(step.next)}")
+        if step.number == 7 and step.status == "skipped" and code_path is not None:
+            out += ["", code_path]
         out.append("")
     return out
 
