@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 
-from gpuscope.commands.common import DAY_S, attach_check, pid, seconds
+from gpuscope.commands.common import DAY_S, add_service_arguments, attach_check, pid, seconds
 from gpuscope.commands.output import check_output, deliver
 from gpuscope.commands.run import launch_env
 from gpuscope.config import Settings
@@ -87,8 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="the watch: one more break in it ends the ramp (default 30)")
     rule.add_argument("--min-spread", type=float, default=5.0, metavar="PCT",
                       help="the standard deviation is at least this share of the baseline's mean (default 5)")
+    add_service_arguments(parser, scrape_help="the service's /metrics: its own P95/P99, TTFT, queue... (repeatable)",
+                          prometheus_help="or a Prometheus server that scrapes the service (more often than --interval)")
     where = parser.add_argument_group("the service")
-    where.add_argument("--metrics-url", action="append", metavar="URL", help="the service's /metrics (repeatable)")
     where.add_argument("--pid", type=pid, help="the service's process: its memory per request")
     where.add_argument("--no-memray", action="store_true", help="do not track allocation sites with memray inside the service")
     where.add_argument("--ready-timeout", type=seconds(1.0, DAY_S), default=120.0, metavar="S",
@@ -103,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from gpuscope.core.gate.run import RoundMetrics, StartedService, RunningService, TreeMemory, wait_ready  # noqa: PLC0415
+    from gpuscope.core.gate.run import StartedService, RunningService, TreeMemory, wait_ready  # noqa: PLC0415
     from gpuscope.core.ramp.drive import drive  # noqa: PLC0415
     from gpuscope.core.ramp.load import ClientTally, LoadCommand, RequestLoad  # noqa: PLC0415
     from gpuscope.core.ramp.report import to_json, to_junit, to_markdown, to_text  # noqa: PLC0415
@@ -115,16 +116,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for path in (args.markdown, args.junit):
         if path:
             check_output(path, args.force)
-    metrics = None
-    if args.metrics_url:
-        from gpuscope.core.serving.profiles import load_profiles  # noqa: PLC0415
-        from gpuscope.core.serving.scrape import ScrapeCollector  # noqa: PLC0415
-
-        try:
-            profiles = load_profiles(settings.config)
-            metrics = RoundMetrics(lambda window: ScrapeCollector(args.metrics_url, window_s=window, profiles=profiles))
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    metrics = _spans(args, settings)
 
     def progress(line: str) -> None:
         print(f"gpuscope ramp: {line}", file=sys.stderr, flush=True)
@@ -183,6 +175,31 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _spans(args: argparse.Namespace, settings: Settings):
+    """Where the service's signals come from: its /metrics, a Prometheus server, or nowhere (None)."""
+    from gpuscope.core.gate.run import RoundMetrics  # noqa: PLC0415
+    from gpuscope.core.ramp.drive import PrometheusSpans  # noqa: PLC0415
+    from gpuscope.core.serving.profiles import load_profiles  # noqa: PLC0415
+    from gpuscope.core.serving.scrape import ScrapeCollector  # noqa: PLC0415
+    from gpuscope.core.serving.source import make_collector  # noqa: PLC0415
+
+    if (args.job or args.instance) and not args.prometheus:
+        raise UsageError("--job and --instance filter a Prometheus server's series: use them with --prometheus")
+    try:
+        if args.metrics_url:
+            profiles = load_profiles(settings.config)
+            ScrapeCollector(args.metrics_url, window_s=1.0, profiles=profiles)  # the URLs checked now
+            return RoundMetrics(lambda window: ScrapeCollector(args.metrics_url, window_s=window, profiles=profiles))
+        if args.prometheus:
+            make_collector(window_s=1.0, prometheus=args.prometheus, job=args.job, instance=args.instance,
+                           config=settings.config).close()
+            return PrometheusSpans(lambda window: make_collector(
+                window_s=window, prometheus=args.prometheus, job=args.job, instance=args.instance, config=settings.config))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return None
+
+
 def _plan(args: argparse.Namespace, command: list[str]):
     from gpuscope.core.ramp.drive import Plan  # noqa: PLC0415
     from gpuscope.core.ramp.load import ChatRequests, HttpRequests, LoadCommand, LoadError, Target, parse_header, read_body_file  # noqa: PLC0415
@@ -194,8 +211,9 @@ def _plan(args: argparse.Namespace, command: list[str]):
         raise UsageError("give --target URL (gpuscope sends the load) or --load-command CMD (your load tool, with {rate})")
     if args.load_command and (args.chat or args.body or args.template):
         raise UsageError("--load-command drives the load itself: --chat, --body and --template are for gpuscope's own")
-    if args.load_command and not args.metrics_url:
-        raise UsageError("with --load-command, gpuscope sees latency only in the service's histograms: give --metrics-url")
+    if args.load_command and not (args.metrics_url or args.prometheus):
+        raise UsageError("with --load-command, gpuscope sees latency only in the service's histograms: "
+                         "give --metrics-url or --prometheus")
     if args.chat and (args.body or args.template):
         raise UsageError("--chat writes its own requests: no --body or --template with it")
     if not 0 <= args.max_error_rate <= 100:

@@ -267,6 +267,27 @@ class Metrics:
 # -- the service ---------------------------------------------------------------------------------
 
 
+class WorkerPool:
+    """N workers, each serving one query at a time for `service_s`. A query is given the worker
+    free soonest, from when it is free; the workers' time is kept by the clock, so a thread that
+    wakes late (a busy interpreter) delays its own answer, never the next query's start: the pool
+    serves N / service_s queries a second when it is kept busy, whatever the machine."""
+
+    def __init__(self, workers: int, service_s: float) -> None:
+        self.service_s = service_s
+        self._free_at = [0.0] * workers
+        self._lock = threading.Lock()
+
+    def reserve(self) -> tuple[float, float]:
+        """When this query's service begins and ends (time.perf_counter())."""
+        with self._lock:
+            worker = min(range(len(self._free_at)), key=self._free_at.__getitem__)
+            begin = max(time.perf_counter(), self._free_at[worker])
+            self._free_at[worker] = begin + self.service_s
+        return begin, begin + self.service_s
+
+
+
 class RagService:
     def __init__(self, leak_kb: int = DEFAULT_LEAK_KB, cuda_leak_kb: int = DEFAULT_CUDA_LEAK_KB, torch_mod: Any = None,
                  workers: int | None = None, service_ms: float | None = None):
@@ -278,8 +299,7 @@ class RagService:
         self._served = 0
         self._lock = threading.Lock()
         # the worker pool of a known capacity (None: every query runs at once)
-        self.pool = threading.BoundedSemaphore(workers) if workers else None
-        self.service_s = service_ms / 1000 if workers and service_ms else None
+        self.pool = WorkerPool(workers, (service_ms or 200.0) / 1000) if workers else None
 
     @property
     def requests_served(self) -> int:
@@ -294,14 +314,13 @@ class RagService:
                 return self._serve(text, start, None)
             finally:
                 m.in_flight.dec()
-        with self.pool:
-            deadline = time.perf_counter() + self.service_s if self.service_s else None
-            try:
-                return self._serve(text, start, deadline)
-            finally:
-                if deadline is not None:
-                    time.sleep(max(0.0, deadline - time.perf_counter()))
-                m.in_flight.dec()
+        begin, deadline = self.pool.reserve()
+        try:
+            time.sleep(max(0.0, begin - time.perf_counter()))  # in the queue, until its worker is free
+            return self._serve(text, start, deadline)
+        finally:
+            time.sleep(max(0.0, deadline - time.perf_counter()))
+            m.in_flight.dec()
 
     def _serve(self, text: str, start: float, deadline: float | None) -> dict:
         m = self.metrics

@@ -48,9 +48,11 @@ def serve():
 
 
 def test_the_demo_with_a_known_capacity_breaks_there(serve):
-    """Two workers of 200 ms: 10 queries/s. The ramp goes 4, 5, ... and breaks at 10 or 11."""
-    url = serve("-m", "gpuscope.demo.service", "--port", "0", "--no-leak", "--no-probe", "--workers", "2",
-                "--service-ms", "200")
+    """Three workers of 300 ms: 10 queries/s. The ramp goes 4, 5, ... and breaks at 10 or 11. A query
+    takes ~300 ms, inside the demo's 250-500 ms latency bucket: a slow one on a busy machine does
+    not cross into the next."""
+    url = serve("-m", "gpuscope.demo.service", "--port", "0", "--no-leak", "--no-probe", "--workers", "3",
+                "--service-ms", "300")
     done = ramp("--target", f"{url}/query?q=gpu+memory+growth", "--metrics-url", f"{url}/metrics",
                 "--start-rps", "4", "--step-rps", "1", "--max-rps", "20", *FAST_RULE, "--json")
     assert done.returncode == 0, done.stderr
@@ -182,3 +184,61 @@ def test_a_load_command_is_run_per_step_with_its_rate(serve, tmp_path):
     assert result["mode"] == "command" and result["p99_source"] == "service"
     assert result["stopped_by"] == "p99" and result["knee"]["rate"] in (10, 12)
     assert rates.read_text().split()[:3] == ["4", "6", "8"]
+
+
+def test_the_service_signals_can_come_from_prometheus(serve, tmp_path):
+    """A real Prometheus scraping the service every second: the P99s the rule judges are its own."""
+    from prometheus_server import running_prometheus
+
+    url = serve(SERVICE, "--workers", "1", "--service-ms", "50")
+    with running_prometheus(tmp_path, [("ramped", "/metrics", url.split("//")[1])]) as prom:
+        wait_until(lambda: prom.value('up{job="ramped"}') == 1, timeout=30, what="Prometheus scraping the service")
+        done = ramp("--target", f"{url}/work", "--prometheus", prom.url, "--job", "ramped", "--start-rps", "10",
+                    "--step-rps", "4", "--max-rps", "40", "--interval", "2", "--baseline-points", "6",
+                    "--step-seconds", "4", "--watch", "4", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["p99_source"] == "service" and result["stopped_by"] == "p99"
+    assert result["knee"]["rate"] in (22, 26)  # the first steps past 20/s
+    assert 18.0 <= result["knee"]["critical_rps"] <= 20.5
+
+
+HOSTILE = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        try:
+            if self.path.startswith("/huge"):
+                while True:  # an endless answer, as fast as it can
+                    self.wfile.write(b"x" * 65536)
+            while True:  # a byte a second, for ever
+                self.wfile.write(b"x"); self.wfile.flush(); time.sleep(1)
+        except OSError:
+            pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+server.daemon_threads = True
+print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
+server.serve_forever()
+"""
+
+
+@pytest.mark.parametrize("path, expected", [("/huge", "over 4 MiB"), ("/drip", "no answer within 2 s")])
+def test_a_hostile_service_costs_bounded_answers_and_ends_at_the_error_limit(serve, tmp_path, path, expected):
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE)
+    url = serve(str(script))
+    started = time.monotonic()
+    done = ramp("--target", f"{url}{path}", "--timeout", "2", "--start-rps", "5", *FAST_RULE, "--json", timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["stopped_by"] == "error-rate" and result["steps"][0]["ok"] == 0
+    assert time.monotonic() - started < 30
+    assert expected in done.stderr or expected in json.dumps(result)

@@ -3,7 +3,8 @@
 The first step holds the starting load for the stop rule's whole baseline (`baseline_points`
 intervals); each later step lasts `step_s` and adds `step_rps`. After every interval: the
 client's counts and latencies, the service's signals over the interval (one scrape of its
-/metrics at each end: PromQL's rate and histogram_quantile over exactly that span), its memory
+/metrics at each end: PromQL's rate and histogram_quantile over exactly that span; or, with a
+Prometheus server, the same asked of it over the span), its memory
 (RSS of the process tree, GPU memory per device through NVML), and the interval's P99 judged by
 the rule. A break holds the load where it is (no step up while breaks run in a row); the rule's
 watch holds it too.
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 from dataclasses import dataclass, field
 
-from gpuscope.core.gate.run import RoundMetrics, Service, TreeMemory, Tracking, prime_memray
+from gpuscope.core.gate.run import Service, TreeMemory, Tracking, prime_memray
 from gpuscope.core.ramp.load import ClientInterval, ClientTally, LoadCommand, RequestLoad
 from gpuscope.core.ramp.result import (
     Interval,
@@ -36,8 +38,41 @@ from gpuscope.core.ramp.result import (
     memory_slope,
 )
 from gpuscope.core.ramp.rule import STOPPED, BreakWatch, StopRule
-from gpuscope.core.serving.model import Signals
+from gpuscope.core.serving.model import Signals, SourceError
+from gpuscope.core.serving.source import Collector
 from gpuscope.errors import Signalled
+
+class Spans(Protocol):
+    """The service's signals between two readings: `RoundMetrics` (its /metrics, read at each end)
+    or `PrometheusSpans` (asked of Prometheus at the end, over the span)."""
+
+    def read(self) -> tuple[list, str | None]: ...
+
+    def signals(self, start: list, end: list) -> tuple[Signals, float] | None: ...
+
+
+class PrometheusSpans:
+    """The signals over a span asked of a Prometheus server once it ends: its rate and
+    histogram_quantile over the span's length (which must hold two of its scrapes of the service).
+    A reading is the time it was taken."""
+
+    def __init__(self, collector: Callable[[float], Collector]) -> None:
+        self._collector = collector
+
+    def read(self) -> tuple[list, str | None]:
+        return [time.time()], None
+
+    def signals(self, start: list, end: list) -> tuple[Signals, float] | None:
+        window = max(1.0, end[0] - start[0])
+        collector = self._collector(window)
+        try:
+            collector.record(0, collector.readers()[0]())
+            return collector.evaluate().signals, window
+        except SourceError:
+            return None
+        finally:
+            collector.close()
+
 
 MIN_FINISHED = 10  # requests finished in a step before its error rate can end the ramp
 MAX_STEP_LATENCIES = 200_000
@@ -86,9 +121,11 @@ class _StepFigures:
         self.intervals: list[Interval] = []
         self.latencies: list[float] = []
         self.tokens: int | None = None
+        self.last_error: str | None = None
 
     def add(self, interval: Interval, client: ClientInterval) -> None:
         self.intervals.append(interval)
+        self.last_error = client.last_error or self.last_error
         room = MAX_STEP_LATENCIES - len(self.latencies)
         self.latencies.extend(client.latencies[:max(0, room)])
         if client.tokens is not None:
@@ -96,11 +133,11 @@ class _StepFigures:
 
     @property
     def finished(self) -> int:
-        return sum(i.ok + i.errors for i in self.intervals)
+        return sum(_finished(i)[0] for i in self.intervals)
 
     @property
     def errors(self) -> int:
-        return sum(i.errors for i in self.intervals)
+        return sum(_finished(i)[1] for i in self.intervals)
 
     def close(self, service: Signals | None, mode: str) -> Step:
         its = self.intervals
@@ -118,7 +155,16 @@ class _StepFigures:
                     self.tokens / duration if self.tokens is not None and duration > 0 else None,
                     rss_growth, gpu_growth, per_request,
                     rss_growth / turns if rss_growth is not None and turns and mode == "chat" else None,
-                    turns, any(i.broke for i in its))
+                    turns, any(i.broke for i in its), self.last_error)
+
+
+def _finished(i: Interval) -> tuple[int, int]:
+    """Requests finished in an interval and how many failed: counted by gpuscope when it sent
+    them, else (the user's load command) as the service counted them."""
+    if i.sent == 0 and i.service is not None and i.service.requests_per_s is not None:
+        done = i.service.requests_per_s * i.duration_s
+        return round(done), round(done * (i.service.error_rate or 0.0))
+    return i.ok + i.errors, i.errors
 
 
 def _rank(ordered: list[float], q: float) -> float | None:
@@ -135,7 +181,7 @@ def drive(
     target: str,
     mode: str,
     memory: TreeMemory | None = None,
-    metrics: RoundMetrics | None = None,
+    metrics: Spans | None = None,
     service: Service | None = None,
     progress: Callable[[str], None] = lambda line: None,
 ) -> RampResult:
@@ -151,19 +197,17 @@ def drive(
     served_total = 0
     p99_source = "client" if metrics is None else ""
     tracking: Tracking | None = None
-    tracked_from = 0
-    tracked_served: int | None = None
-    epoch, started = time.time(), time.monotonic()
 
     if memory is not None and plan.memray:
         notes += prime_memray(memory, set(), 0.0)[1]
         tracking = Tracking(memory.pids(), TRACK_SHARE * rule.baseline_points * rule.interval_s)
         if not tracking.started:
             tracking = None
-    readings = metrics.read()[0] if metrics is not None else None
+    readings = _read(metrics, notes)
     rss, gpu = _memory(memory)
     current = _StepFigures(1, plan.start_rps, readings, rss, gpu)
     step_length = max(plan.step_intervals, rule.baseline_points)  # the first step is the baseline
+    epoch, started = time.time(), time.monotonic()  # the load starts now (memray tracks from a moment before)
     load.set_rate(current.rate)
     if isinstance(load, RequestLoad):
         load.start()
@@ -175,7 +219,7 @@ def drive(
             now = time.monotonic()
             client = tally.take()
             served_total += client.ok
-            readings_now = metrics.read()[0] if metrics is not None else None
+            readings_now = _read(metrics, notes)
             service_signals = None
             if metrics is not None and readings is not None and readings_now is not None:
                 between = metrics.signals(readings, readings_now)
@@ -186,7 +230,7 @@ def drive(
                 p99_source = "service"
             if p99_source == "" and client.ok and intervals and len(intervals) >= rule.baseline_points // 2:
                 p99_source = "client"
-                notes.append("the service's /metrics give no end-to-end latency histogram gpuscope knows: "
+                notes.append("the service's signals hold no end-to-end latency histogram gpuscope knows: "
                              "the stop rule judges the client-side P99")
             p99 = (service_signals.e2e_latency_p99_s if service_signals else None) if p99_source == "service" \
                 else client.quantile(0.99)
@@ -200,8 +244,6 @@ def drive(
             current.add(interval, client)
             interval_started = now
             progress(_interval_line(interval, watch.state))
-            if tracking is not None and tracked_served is None and tracking.answered():
-                tracked_served = served_total - tracked_from
             if ended:
                 stopped_by, reason = ended
                 break
@@ -215,8 +257,9 @@ def drive(
             if finished >= MIN_FINISHED and current.errors > plan.max_error_rate * finished:
                 stopped_by = "error-rate"
                 knee_step = current.number
+                last = f"; the last: {current.last_error}" if current.last_error else ""
                 reason = (f"errors in {current.errors} of {finished} requests at {current.rate:g} requests/s "
-                          f"(step {current.number}): over the {plan.max_error_rate:.0%} limit")
+                          f"(step {current.number}): over the {plan.max_error_rate:.0%} limit{last}")
                 break
             if len(current.intervals) >= step_length and watch.state != "watching" and watch.in_a_row == 0:
                 nxt = round(current.rate + plan.step_rps, 6)
@@ -241,8 +284,10 @@ def drive(
         steps.append(_close(current, metrics, readings, mode))
     sites: tuple[Site, ...] = ()
     sites_note = None
+    tracked_served: int | None = None
     if tracking is not None:
         found, why = tracking.finish(2.0)
+        tracked_served = _served_within(intervals, tracking.seconds)
         per = tracked_served or None
         sites = tuple(Site(s.function, s.file, s.line, s.bytes, s.count, s.bytes / per if per else None)
                       for s in (found or ()))
@@ -258,6 +303,25 @@ def drive(
     settings = {**plan.to_json(), "mode": mode}
     return RampResult(target, mode, settings, epoch, time.monotonic() - started, p99_source or "client",
                       tuple(intervals), tuple(steps), stopped_by, reason, knee, finding, tuple(dict.fromkeys(notes)))
+
+
+def _read(metrics: Spans | None, notes: list[str]) -> list | None:
+    """One reading of the service's signals; a failure is noted once (the ramp goes on)."""
+    if metrics is None:
+        return None
+    readings, problem = metrics.read()
+    if problem and not any(n.startswith("the service's signals could not be read") for n in notes):
+        notes.append(f"the service's signals could not be read at times: {problem}")
+    return readings
+
+
+def _served_within(intervals: list[Interval], seconds: float) -> int:
+    """Requests served in the ramp's first `seconds` (an interval across the end counted in part)."""
+    served = 0.0
+    for i in intervals:
+        if i.duration_s > 0:
+            served += i.ok * min(1.0, max(0.0, (seconds - i.offset_s) / i.duration_s))
+    return round(served)
 
 
 def _wait_interval(until: float, max_time: float, load: RequestLoad | LoadCommand,
@@ -292,7 +356,7 @@ def _memory_at(step: _StepFigures) -> tuple[int | None, int | None]:
     return rss, gpu
 
 
-def _close(step: _StepFigures, metrics: RoundMetrics | None, end: list | None, mode: str) -> Step:
+def _close(step: _StepFigures, metrics: Spans | None, end: list | None, mode: str) -> Step:
     """The step's figures, with the service's signals between its first and its last reading."""
     service = None
     if metrics is not None and step.readings is not None and end is not None and end is not step.readings:

@@ -327,6 +327,7 @@ class RequestLoad:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._work, name=f"gpuscope-ramp-{i}", daemon=True) for i in range(workers)]
         self._connections: set[http.client.HTTPConnection] = set()
+        self._sockets: set[socket.socket] = set()  # of the exchanges in flight (an answer may hold one its connection let go)
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -342,7 +343,9 @@ class RequestLoad:
         self.pacer.stop()
         with self._lock:
             for connection in list(self._connections):
-                _shut(connection)
+                _shut(connection.sock)
+            for sock in list(self._sockets):
+                _shut(sock)
 
     def _work(self) -> None:
         connection: http.client.HTTPConnection | None = None
@@ -371,13 +374,24 @@ class RequestLoad:
         turn = None
         started = time.monotonic()
         deadline = started + self.timeout_s
-        cutter = threading.Timer(self.timeout_s, _shut, (connection,))  # the whole exchange, not each read
+        # The deadline is on the whole exchange, not each read: a server that sends a byte a second
+        # is cut off. The socket is kept here, as the answer may hold it once the connection lets go.
+        held: list[socket.socket] = []
+        def cut() -> None:
+            for sock in held or [connection.sock]:
+                _shut(sock)
+
+        cutter = threading.Timer(self.timeout_s, cut)
         cutter.daemon = True
         try:
             body = requests.request(conversation)
             self.tally.sent()
             cutter.start()
             connection.request(requests.method, requests.target.path, body=body, headers=requests.headers)
+            if connection.sock is not None:
+                held.append(connection.sock)
+                with self._lock:
+                    self._sockets.add(connection.sock)
             response = connection.getresponse()
             data = _read_bounded(response, deadline)
             latency = time.monotonic() - started
@@ -398,15 +412,17 @@ class RequestLoad:
             return Outcome(time.monotonic() - started, False, error=what), False
         finally:
             cutter.cancel()
+            with self._lock:
+                self._sockets.difference_update(held)
 
 
 def _read_bounded(response: http.client.HTTPResponse, deadline: float) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the answer took too long")
         chunk = response.read(CHUNK)
+        if time.monotonic() >= deadline:  # cut off by the deadline (an end of file then is no answer)
+            raise TimeoutError("the answer took too long")
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)
@@ -415,8 +431,7 @@ def _read_bounded(response: http.client.HTTPResponse, deadline: float) -> bytes:
         chunks.append(chunk)
 
 
-def _shut(connection: http.client.HTTPConnection) -> None:
-    sock = connection.sock
+def _shut(sock: socket.socket | None) -> None:
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)

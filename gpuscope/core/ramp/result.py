@@ -96,6 +96,7 @@ class Step:
     memory_per_turn_bytes: float | None
     turns: int
     broke: bool
+    last_error: str | None = None  # what the last failed request met (the client's words)
 
     @property
     def throughput_rps(self) -> float:
@@ -113,7 +114,8 @@ class Step:
                 "service": self.service.to_json() if self.service else None, "tokens_per_s": self.tokens_per_s,
                 "rss_growth_bytes": self.rss_growth_bytes, "gpu_growth_bytes": self.gpu_growth_bytes,
                 "memory_per_request_bytes": _round(self.memory_per_request_bytes),
-                "memory_per_turn_bytes": _round(self.memory_per_turn_bytes), "turns": self.turns, "broke": self.broke}
+                "memory_per_turn_bytes": _round(self.memory_per_turn_bytes), "turns": self.turns, "broke": self.broke,
+                "last_error": self.last_error}
 
 
 @dataclass(frozen=True)
