@@ -17,7 +17,7 @@ first byte sent to its last byte read, goes to a `ClientTally` read once an inte
 
 Everything the service sends is bounded: the answer's size (MAX_ANSWER_BYTES, read in chunks),
 each request's time (`timeout_s`, the whole exchange), and what a chat answer adds to its
-conversation (MAX_MESSAGE_CHARS).
+conversation (MAX_MESSAGE_CHARS, MAX_CONVERSATION_CHARS in all).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from gpuscope.core.common.redact import redact_command, redact_text
 
 MAX_ANSWER_BYTES = 4 << 20
 MAX_MESSAGE_CHARS = 16 << 10  # of an answer kept in its conversation
+MAX_CONVERSATION_CHARS = 64 << 10  # of all the answers one conversation keeps (one per worker)
 MAX_LATENCIES = 50_000  # kept per interval (a uniform sample beyond: the quantiles stay unbiased)
 MAX_BODY_BYTES = 8 << 20  # a --body file
 CHUNK = 1 << 16
@@ -172,10 +173,12 @@ class Target:
 
 @dataclass
 class Conversation:
-    """One chat conversation's messages so far (bounded: `turns` turns, each answer capped)."""
+    """One chat conversation's messages so far (bounded: `turns` turns, the answers it keeps capped
+    one by one and in all)."""
 
     messages: list[dict] = field(default_factory=list)
     turn: int = 0
+    kept_chars: int = 0
 
 
 class HttpRequests:
@@ -238,7 +241,7 @@ class ChatRequests:
         assert conversation is not None
         if conversation.turn >= self.turns:
             conversation.messages.clear()
-            conversation.turn = 0
+            conversation.turn = conversation.kept_chars = 0
         with self._lock:
             self._count += 1
             n = self._count
@@ -258,7 +261,9 @@ class ChatRequests:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             conversation.messages.pop()  # the turn did not happen: the next one asks again
             raise LoadError("the answer is not a chat completion (no choices[0].message)") from None
-        text = content[:MAX_MESSAGE_CHARS] if isinstance(content, str) else ""
+        room = max(0, min(MAX_MESSAGE_CHARS, MAX_CONVERSATION_CHARS - conversation.kept_chars))
+        text = content[:room] if isinstance(content, str) else ""
+        conversation.kept_chars += len(text)
         conversation.messages.append({"role": "assistant", "content": text})
         conversation.turn += 1
         return (tokens if isinstance(tokens, int) and 0 <= tokens < 1 << 31 else None), conversation.turn
