@@ -146,6 +146,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             problem = wait_ready(service, ready, args.ready_timeout) if ready else None
             if problem:
                 raise Failure(problem)
+        if not isinstance(load, LoadCommand):
+            problem = load.target.unreachable(min(args.timeout, 10.0))
+            if problem:
+                raise Failure(problem)
         driven = load if isinstance(load, LoadCommand) else RequestLoad(load, tally, workers=args.concurrency,
                                                                         timeout_s=args.timeout)
         result = drive(plan, driven, tally, target=target, mode=mode, memory=memory, metrics=metrics, service=service,

@@ -163,6 +163,13 @@ def test_bad_options_are_one_line(args, expected):
     assert expected in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
+def test_a_target_nothing_listens_on_is_one_line_before_any_ramp():
+    port = free_port()
+    done = ramp("--target", f"http://127.0.0.1:{port}/x", timeout=30)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"gpuscope: cannot reach --target http://127.0.0.1:{port}/x: Connection refused"
+
+
 def test_a_load_command_is_run_per_step_with_its_rate(serve, tmp_path):
     """The user's load tool (here: curl in a loop) gets each step's rate; latency from the histograms."""
     url = serve(SERVICE, "--workers", "1", "--service-ms", "100")

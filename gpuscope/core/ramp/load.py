@@ -165,6 +165,14 @@ class Target:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         return cls(parts.scheme, parts.hostname, port, path, printable_line(redact_text(f"{parts.scheme}://{parts.netloc}{parts.path}")))
 
+    def unreachable(self, timeout: float) -> str | None:
+        """Why nothing listens there (one line), or None: asked once before the ramp starts."""
+        try:
+            socket.create_connection((self.host, self.port), timeout=timeout).close()
+        except OSError as exc:
+            return f"cannot reach --target {self.shown}: {printable_line(exc.strerror or str(exc))}"
+        return None
+
     def connect(self, timeout: float) -> http.client.HTTPConnection:
         if self.scheme == "https":
             return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
