@@ -40,6 +40,22 @@ def remember_request(kib: int) -> None:
     KEPT.append(bytearray(b"x" * (kib * 1024)))
 
 
+class Pool:
+    """N workers whose time is kept by the clock: a query gets the worker free soonest, from when
+    it is free, so a thread that wakes late (a busy machine) delays its own answer, never the pool."""
+
+    def __init__(self, workers: int, service_s: float) -> None:
+        self.free_at, self.service_s = [0.0] * workers, service_s
+        self.lock = threading.Lock()
+
+    def serve(self) -> None:
+        with self.lock:
+            worker = min(range(len(self.free_at)), key=self.free_at.__getitem__)
+            end = max(time.monotonic(), self.free_at[worker]) + self.service_s
+            self.free_at[worker] = end
+        time.sleep(max(0.0, end - time.monotonic()))
+
+
 class Bucket:
     def __init__(self, rate: float) -> None:
         self.rate, self.tokens, self.at = rate, rate, time.monotonic()
@@ -64,7 +80,7 @@ def main() -> int:
     p.add_argument("--error-above", type=float)
     p.add_argument("--keep-kb", type=int, default=0)
     args = p.parse_args()
-    pool = threading.BoundedSemaphore(args.workers) if args.workers else None
+    pool = Pool(args.workers, args.service_ms / 1000) if args.workers else None
     bucket = Bucket(args.error_above) if args.error_above else None
 
     class Handler(BaseHTTPRequestHandler):
@@ -87,8 +103,7 @@ def main() -> int:
             IN_FLIGHT.inc()
             try:
                 if pool is not None:
-                    with pool:
-                        time.sleep(args.service_ms / 1000)
+                    pool.serve()
                 if args.keep_kb:
                     remember_request(args.keep_kb)
                 body = answer()

@@ -7,8 +7,10 @@ average of the intervals' quantiles.
 
 The critical throughput, with its uncertainty:
 - when the service served clearly less than it was sent at the step that broke (it was saturated:
-  a queue grew), its capacity is what it served there: the mean of that step's per-interval
-  throughputs, give or take their standard error (at least one request per interval);
+  a queue grew, or it answered with errors), its capacity is what it served there: the mean of
+  that step's per-interval throughputs of successful requests (its first interval left out: it
+  still holds the step before's), give or take their standard error (at least one request over
+  the time measured);
 - otherwise the knee lies between the last step that held and the one that broke: the middle of
   their throughputs, give or take half the gap.
 
@@ -233,7 +235,7 @@ def find_knee(steps: Sequence[Step], intervals: Sequence[Interval], knee_step: i
         return None
     before = next((s for s in reversed(steps) if s.number < knee_step), None)
     own = [i for i in intervals if i.step == knee_step and i.duration_s > 0]
-    saturated = at.sent > 0 and at.ok + at.errors < SATURATED_SHARE * at.sent
+    saturated = at.sent > 0 and at.ok < SATURATED_SHARE * at.sent  # queued, or refused with errors
     if saturated or before is None:
         # the breaking intervals say what it serves at its limit (those before the first break
         # may still have been filling the queue)
