@@ -287,7 +287,6 @@ class WorkerPool:
         return begin, begin + self.service_s
 
 
-
 class RagService:
     def __init__(self, leak_kb: int = DEFAULT_LEAK_KB, cuda_leak_kb: int = DEFAULT_CUDA_LEAK_KB, torch_mod: Any = None,
                  workers: int | None = None, service_ms: float | None = None):
