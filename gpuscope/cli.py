@@ -38,6 +38,7 @@ COMMANDS = {
     "exporter": "Prometheus metrics of this node (per process)",
     "rules": "Prometheus rules carrying the leak test",
     "check": "CI memory gate: run a service through rounds of load, fail when its memory grows",
+    "ramp": "load ramp to the P99 knee: the critical throughput, memory per request at every step",
 }
 
 

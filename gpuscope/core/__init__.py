@@ -12,4 +12,5 @@ Packages by concern, lowest first (a package uses only those below it; `lint-imp
     fleet      the exporter, its rules, the fleet read back from Prometheus
     session    recording what the console saw, reading it back, the report
     gate       the memory gate of `gpuscope check`
+    ramp       the load ramp of `gpuscope ramp`: rising load to the P99 knee (it drives the service as the gate does)
 """

@@ -1,12 +1,18 @@
 """A small RAG service that leaks: the patient `gpuscope demo` attaches the console to.
 
     python -m gpuscope.demo.service --port 0 [--host 127.0.0.1] [--leak-kb N] [--cuda] [--no-leak]
+                                    [--workers N --service-ms MS]
 
 A real HTTP server whose `/query` runs retriever -> reranker -> llm, each doing real CPU work
 with realistic timings, and exposes Prometheus metrics on `/metrics`. The bug to find: the
 retriever caches every query's candidate block in an unbounded dict, and queries are unique, so
 the process's memory (and, with --cuda, its GPU memory) grows for as long as it serves.
 With --no-leak the cache is never filled: the same service, healthy.
+
+With --workers N --service-ms MS the service has a known capacity: a pool of N workers, each
+serving one query at a time for MS milliseconds (the llm stage paces its tokens to end then), so it
+serves at most N * 1000 / MS queries a second while its own work fits in MS; past that, queries
+wait for a worker and their latency grows with the queue. Without them, every query runs at once.
 
 It starts gpuscope's probe (`gpuscope.probe`) at start-up, as a service that opts in would, so the
 console can ask it for allocation sites without injecting anything (`--no-probe` leaves it out).
@@ -205,7 +211,8 @@ class Generator:
         out = array("d", (math.tanh(sum(map(mul, row, h))) for row in self.weights))
         return out
 
-    def generate(self, context: list[str], n_tokens: int, on_first_token: Any) -> list[str]:
+    def generate(self, context: list[str], n_tokens: int, on_first_token: Any, deadline: float | None = None) -> list[str]:
+        """`deadline` (time.perf_counter()): the tokens are paced to end then (a worker's service time)."""
         rng = random.Random(hash(tuple(context[:8])))
         h = embed(context[:16])
         for tok in context[:48]:  # prefill: one step per context token
@@ -213,7 +220,8 @@ class Generator:
         out: list[str] = []
         for n in range(n_tokens):
             h = self._step(h)
-            time.sleep(rng.uniform(0.004, 0.012))
+            pause = rng.uniform(0.004, 0.012) if deadline is None else (deadline - time.perf_counter()) / (n_tokens - n)
+            time.sleep(max(0.0, pause))
             word = context[int(abs(h[n % DIM]) * 1e6) % len(context)] if context else rng.choice(VOCABULARY)
             out.append(word)
             if n == 0:
@@ -259,8 +267,29 @@ class Metrics:
 # -- the service ---------------------------------------------------------------------------------
 
 
+class WorkerPool:
+    """N workers, each serving one query at a time for `service_s`. A query is given the worker
+    free soonest, from when it is free; the workers' time is kept by the clock, so a thread that
+    wakes late (a busy interpreter) delays its own answer, never the next query's start: the pool
+    serves N / service_s queries a second when it is kept busy, whatever the machine."""
+
+    def __init__(self, workers: int, service_s: float) -> None:
+        self.service_s = service_s
+        self._free_at = [0.0] * workers
+        self._lock = threading.Lock()
+
+    def reserve(self) -> tuple[float, float]:
+        """When this query's service begins and ends (time.perf_counter())."""
+        with self._lock:
+            worker = min(range(len(self._free_at)), key=self._free_at.__getitem__)
+            begin = max(time.perf_counter(), self._free_at[worker])
+            self._free_at[worker] = begin + self.service_s
+        return begin, begin + self.service_s
+
+
 class RagService:
-    def __init__(self, leak_kb: int = DEFAULT_LEAK_KB, cuda_leak_kb: int = DEFAULT_CUDA_LEAK_KB, torch_mod: Any = None):
+    def __init__(self, leak_kb: int = DEFAULT_LEAK_KB, cuda_leak_kb: int = DEFAULT_CUDA_LEAK_KB, torch_mod: Any = None,
+                 workers: int | None = None, service_ms: float | None = None):
         self.corpus = Corpus()
         self.retriever = Retriever(self.corpus, leak_kb, cuda_leak_kb, torch_mod)
         self.generator = Generator()
@@ -268,6 +297,8 @@ class RagService:
         self.cuda = torch_mod is not None
         self._served = 0
         self._lock = threading.Lock()
+        # the worker pool of a known capacity (None: every query runs at once)
+        self.pool = WorkerPool(workers, (service_ms or 200.0) / 1000) if workers else None
 
     @property
     def requests_served(self) -> int:
@@ -276,7 +307,22 @@ class RagService:
     def query(self, text: str) -> dict:
         m = self.metrics
         start = time.perf_counter()
-        m.in_flight.inc()
+        m.in_flight.inc()  # waiting for a worker counts: it is the queue
+        if self.pool is None:
+            try:
+                return self._serve(text, start, None)
+            finally:
+                m.in_flight.dec()
+        begin, deadline = self.pool.reserve()
+        try:
+            time.sleep(max(0.0, begin - time.perf_counter()))  # in the queue, until its worker is free
+            return self._serve(text, start, deadline)
+        finally:
+            time.sleep(max(0.0, deadline - time.perf_counter()))
+            m.in_flight.dec()
+
+    def _serve(self, text: str, start: float, deadline: float | None) -> dict:
+        m = self.metrics
         status = "error"
         try:
             tokens = tokenize(text)
@@ -297,7 +343,7 @@ class RagService:
             context = " ".join(self.corpus.texts[i] for _, i in ranked[:CONTEXT_DOCS]).split()
             first: list[float] = []
             n_tokens = random.randint(16, 64)
-            words = self.generator.generate(context, n_tokens, lambda: first.append(time.perf_counter()))
+            words = self.generator.generate(context, n_tokens, lambda: first.append(time.perf_counter()), deadline)
             done = time.perf_counter()
             timings["llm"] = done - t
             m.tokens.inc(len(words))
@@ -317,7 +363,6 @@ class RagService:
                 "timings_s": {**{k: round(v, 6) for k, v in timings.items()}, "total": round(done - start, 6)},
             }
         finally:
-            m.in_flight.dec()
             m.requests.labels(status=status).inc()
             m.request_latency.observe(time.perf_counter() - start)
             m.cache_entries.set(len(self.retriever.cache))
@@ -467,7 +512,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cuda-leak-kb", type=int, default=DEFAULT_CUDA_LEAK_KB, help="GPU memory kept per query (KiB)")
     p.add_argument("--no-probe", action="store_true", help="do not start gpuscope's probe (the service opts in by default)")
     p.add_argument("--no-leak", action="store_true", help="serve without the leak (the retriever caches nothing): a healthy service")
+    p.add_argument("--workers", type=int, help="a pool of N workers: a known capacity of N * 1000 / --service-ms queries/s")
+    p.add_argument("--service-ms", type=float, default=200.0, help="with --workers: each query holds a worker this long (default 200)")
     args = p.parse_args(argv)
+    if args.workers is not None and not 1 <= args.workers <= 256:
+        p.error(f"--workers must be 1-256, not {args.workers}")
+    if not 1 <= args.service_ms <= 60_000:
+        p.error(f"--service-ms must be 1-60000, not {args.service_ms:g}")
     if not 0 <= args.port <= 65535:
         p.error(f"--port must be 0-65535, not {args.port}")
     return args
@@ -485,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         if torch_mod is None:
             print(f"demo service: CUDA unavailable ({why}); leaking host memory only", file=sys.stderr, flush=True)
 
-    service = RagService(leak_kb=args.leak_kb, cuda_leak_kb=args.cuda_leak_kb, torch_mod=torch_mod)
+    service = RagService(leak_kb=args.leak_kb, cuda_leak_kb=args.cuda_leak_kb, torch_mod=torch_mod,
+                         workers=args.workers, service_ms=args.service_ms)
     service.retriever.leak_enabled = not args.no_leak
     try:
         server = make_server(service, args.host, args.port)

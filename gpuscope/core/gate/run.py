@@ -53,7 +53,7 @@ from gpuscope.core.gate.verdict import SITES_PER_ROUND, CheckRun, Memory, Round,
 from gpuscope.core.leak import LeakThresholds, LeakWatch
 from gpuscope.core.common.poller import Poller, Reading
 from gpuscope.core.common.redact import redact_command, without_own_secrets
-from gpuscope.core.serving.model import SourceError
+from gpuscope.core.serving.model import Signals, SourceError
 
 if TYPE_CHECKING:
     from gpuscope.core.serving.scrape import ScrapeCollector
@@ -441,16 +441,24 @@ class RoundMetrics:
                 problem = problem or str(exc)
         return readings, problem
 
-    def figures(self, start: list, end: list) -> tuple[int | None, float | None, str | None]:
+    def signals(self, start: list, end: list) -> tuple[Signals, float] | None:
+        """The signals between two readings (PromQL over exactly that span) and the span in
+        seconds; None when no target was read at both ends."""
         pairs = [(i, a, b) for i, (a, b) in enumerate(zip(start, end)) if a is not None and b is not None]
         if not pairs:
-            return None, None, "the service's metrics could not be read at both ends of the round"
+            return None
         window = max(b[0] for _, _, b in pairs) - min(a[0] for _, a, _ in pairs) + 1e-3
         collector = self._collector(window)
         for i, a, b in pairs:
             collector.record(i, a)
             collector.record(i, b)
-        signals = collector.evaluate().signals
+        return collector.evaluate().signals, window
+
+    def figures(self, start: list, end: list) -> tuple[int | None, float | None, str | None]:
+        between = self.signals(start, end)
+        if between is None:
+            return None, None, "the service's metrics could not be read at both ends of the round"
+        signals, window = between
         rate = signals.requests_per_s
         requests = round(rate * window) if rate is not None else None
         note = None if rate is not None else "the service's metrics have no request counter gpuscope knows"

@@ -44,6 +44,12 @@ def _seconds(value: float) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def cusum_increment(value: float, mean: float, sigma: float, drift: float) -> float:
+    """One step of a one-sided CUSUM: how far `value` sits above `mean`, in `sigma`s, beyond the
+    `drift` allowance (negative when below it)."""
+    return (value - mean) / sigma - drift
+
+
 def latency_jump(points: Sequence[tuple[float, float | None]]) -> Jump | None:
     """The most recent upward shift in (time, value) points, oldest first, or None."""
     data = [(t, v) for t, v in points if v is not None]
@@ -56,7 +62,7 @@ def latency_jump(points: Sequence[tuple[float, float | None]]) -> Jump | None:
     total, start = 0.0, None
     jump_at = None
     for i, (_, v) in enumerate(data):
-        step = (v - base) / sigma - SLACK_K
+        step = cusum_increment(v, base, sigma, SLACK_K)
         if total == 0.0 and step > 0:
             start = i
         total = max(0.0, total + step)

@@ -1,0 +1,253 @@
+"""`gpuscope ramp` against real services on loopback, each with a limit it is built to have.
+
+The capacities are low (ten to twenty requests a second, a worker's service time a sleep), so a
+busy machine does not move them; the tolerances are those the services guarantee: a pool of N
+workers holding a request S seconds serves N / S a second at most, a little less for the
+hand-offs. Below that a knee can still come one step early: on a starved machine the load
+goes out in bursts, and at 90 % of the capacity a burst queues (the P99 then truly broke).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from helpers import SUPPORT, free_port, gpuscope_cmd, wait_until
+
+SERVICE = str(SUPPORT / "ramp_service.py")
+FAST_RULE = ["--interval", "1", "--baseline-points", "8", "--step-seconds", "3", "--watch", "4"]
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def ramp(*args: str, timeout: float = 90.0) -> subprocess.CompletedProcess:
+    return subprocess.run([*gpuscope_cmd(), "ramp", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def serve():
+    """Start a service (argv), wait until it answers; stopped after the test."""
+    started: list[subprocess.Popen] = []
+
+    def start(*argv: str) -> str:
+        proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        started.append(proc)
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        return line.split()[-1].rstrip("/")
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_demo_with_a_known_capacity_breaks_there(serve):
+    """Three workers of 300 ms: 10 queries/s. The ramp goes 4, 5, ... and breaks at 9 to 11. A query
+    takes ~300 ms, inside the demo's 250-500 ms latency bucket: a slow one on a busy machine does
+    not cross into the next."""
+    url = serve("-m", "gpuscope.demo.service", "--port", "0", "--no-leak", "--no-probe", "--workers", "3",
+                "--service-ms", "300")
+    done = ramp("--target", f"{url}/query?q=gpu+memory+growth", "--metrics-url", f"{url}/metrics",
+                "--start-rps", "4", "--step-rps", "1", "--max-rps", "20", *FAST_RULE, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["schema"] == "gpuscope.ramp/1"
+    assert result["stopped_by"] == "p99" and result["p99_source"] == "service"
+    knee = result["knee"]
+    assert knee["rate"] in (9, 10, 11)
+    assert 8.4 <= knee["critical_rps"] <= 10.3, knee
+    assert knee["uncertainty_rps"] < 1.0
+    moved = {m["name"]: m for m in knee["moved"]}
+    assert moved["queue"]["at"] > moved["queue"]["before"]  # requests waited for a worker
+    held = [s for s in result["steps"] if s["rate"] <= 7]
+    assert held and not any(s["broke"] for s in held)
+    assert all(s["service"]["e2e_latency_p99_s"] is not None for s in result["steps"])
+
+
+def test_a_service_whose_latency_breaks_at_a_known_throughput(serve, tmp_path):
+    """One worker of 50 ms: 20 requests/s. Markdown (with its chart) and JUnit say the same knee, and
+    a CI job that needs 25/s fails."""
+    url = serve(SERVICE, "--workers", "1", "--service-ms", "50")
+    md, junit = tmp_path / "ramp.md", tmp_path / "ramp.xml"
+    done = ramp("--target", f"{url}/work", "--metrics-url", f"{url}/metrics", "--start-rps", "10", "--step-rps", "2",
+                "--max-rps", "40", *FAST_RULE, "--json", "--markdown", str(md), "--junit", str(junit), "--min-rps", "25")
+    assert done.returncode == 1 and "below --min-rps 25" in done.stderr, done.stderr
+    knee = json.loads(done.stdout)["knee"]
+    assert knee["rate"] in (18, 20, 22)
+    assert 17.0 <= knee["critical_rps"] <= 20.5, knee
+    text = md.read_text()
+    assert f"critical throughput {knee['critical_rps']:.2f}" in text and "P99 ms" in text  # the chart's legend
+    assert oct(md.stat().st_mode & 0o777) == "0o600"
+    suite = ET.parse(junit).getroot().find("testsuite")
+    failed = [c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None]
+    assert failed == [f"step {knee['step']} at {knee['rate']:g} requests/s"]
+
+
+def test_a_service_that_errors_instead_of_slowing_down_stops_at_the_error_limit(serve):
+    url = serve(SERVICE, "--error-above", "12")
+    done = ramp("--target", f"{url}/work", "--metrics-url", f"{url}/metrics", "--start-rps", "6", "--step-rps", "2",
+                "--max-rps", "40", "--max-error-rate", "5", *FAST_RULE, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["stopped_by"] == "error-rate", result["stop_reason"]
+    knee = result["knee"]
+    assert knee["rate"] in (12, 14, 16)  # at 12/s only when bursts pass the bucket
+    assert 10.0 <= knee["critical_rps"] <= 14.0, knee
+    assert {m["name"] for m in knee["moved"]} >= {"error rate"}
+
+
+def test_a_chat_service_that_keeps_memory_per_turn_names_it_and_its_code(tmp_path):
+    """Started by the ramp under the probe: 512 KiB kept a turn, found by the slope and by memray."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    done = ramp("--target", f"{url}/v1/chat/completions", "--chat", "--turns", "3", "--metrics-url", f"{url}/metrics",
+                "--start-rps", "8", "--step-rps", "4", "--max-rps", "16", "--interval", "1", "--baseline-points", "6",
+                "--step-seconds", "3", "--json", "--", sys.executable, SERVICE, "--port", str(port), "--keep-kb", "512",
+                timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["mode"] == "chat" and result["stopped_by"] == "max-rate"
+    memory = result["memory"]
+    assert memory["per_turn_bytes"] == pytest.approx(512 * 1024, rel=0.1)
+    assert memory["per_request_bytes"] == pytest.approx(512 * 1024, rel=0.1)
+    top = memory["sites"][0]
+    assert top["function"] == "remember_request" and top["file"].endswith("ramp_service.py")
+    assert top["bytes_per_request"] == pytest.approx(512 * 1024, rel=0.15)
+    assert all(s["turns"] == s["ok"] for s in result["steps"])  # every answer was a turn of a conversation
+
+
+def test_ctrl_c_stops_the_load_at_once_and_still_writes_what_was_measured(serve, tmp_path):
+    url = serve(SERVICE, "--workers", "4", "--service-ms", "20")
+    md = tmp_path / "ramp.md"
+    proc = subprocess.Popen([*gpuscope_cmd(), "ramp", "--target", f"{url}/work", "--metrics-url", f"{url}/metrics",
+                             "--start-rps", "20", "--interval", "1", "--json", "--markdown", str(md)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    wait_until(lambda: lines.append(proc.stderr.readline()) or sum("served" in line for line in lines) >= 3,
+               timeout=30, what="three intervals")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 130
+    result = json.loads(out)
+    assert result["stopped_by"] == "interrupted" and len(result["intervals"]) >= 3
+    assert md.exists()
+
+    def served() -> float:
+        with _OPENER.open(f"{url}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("rag_request_total{"))
+
+    before = served()
+    time.sleep(1.0)
+    assert served() == before  # nothing more was sent after gpuscope ended
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([], "give --target URL"),
+    (["--target", "ftp://x/"], "http:// or https://"),
+    (["--target", "http://127.0.0.1:1/", "--template", "no number"], "{n}"),
+    (["--load-command", "hey -q 5 http://x"], "give --metrics-url"),
+    (["--load-command", "hey http://x", "--metrics-url", "http://127.0.0.1:1/metrics"], "{rate}"),
+    (["--target", "http://127.0.0.1:1/", "--start-rps", "50", "--max-rps", "10"], "at most the maximum"),
+    (["--target", "http://127.0.0.1:1/", "--baseline-points", "2"], "3 points or more"),
+    (["--target", "http://127.0.0.1:1/", "--body", "/nonexistent/body"], "--body /nonexistent/body"),
+])
+def test_bad_options_are_one_line(args, expected):
+    done = ramp(*args, timeout=30)
+    assert done.returncode == 2
+    assert expected in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_a_target_nothing_listens_on_is_one_line_before_any_ramp():
+    port = free_port()
+    done = ramp("--target", f"http://127.0.0.1:{port}/x", timeout=30)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"gpuscope: cannot reach --target http://127.0.0.1:{port}/x: Connection refused"
+
+
+def test_a_load_command_is_run_per_step_with_its_rate(serve, tmp_path):
+    """The user's load tool (here: curl in a loop) gets each step's rate; latency from the histograms."""
+    url = serve(SERVICE, "--workers", "1", "--service-ms", "100")
+    rates = tmp_path / "rates"
+    tool = tmp_path / "load.py"
+    tool.write_text(
+        "import sys, time, threading, urllib.request\n"
+        f"open({str(rates)!r}, 'a').write(sys.argv[1] + '\\n')\n"
+        "rate = float(sys.argv[1]); opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))\n"
+        "def one():\n"
+        "    try: opener.open(sys.argv[2], timeout=10).read()\n"
+        "    except OSError: pass\n"
+        "while True:\n"
+        "    threading.Thread(target=one, daemon=True).start(); time.sleep(1 / rate)\n")
+    done = ramp("--load-command", f"{sys.executable} {tool} {{rate}} {url}/work", "--metrics-url", f"{url}/metrics",
+                "--start-rps", "4", "--step-rps", "2", "--max-rps", "30", *FAST_RULE, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["mode"] == "command" and result["p99_source"] == "service"
+    assert result["stopped_by"] == "p99" and result["knee"]["rate"] in (8, 10, 12)
+    assert rates.read_text().split()[:3] == ["4", "6", "8"]
+
+
+def test_the_service_signals_can_come_from_prometheus(serve, tmp_path):
+    """A real Prometheus scraping the service every second: the P99s the rule judges are its own."""
+    from prometheus_server import running_prometheus
+
+    url = serve(SERVICE, "--workers", "1", "--service-ms", "50")
+    with running_prometheus(tmp_path, [("ramped", "/metrics", url.split("//")[1])]) as prom:
+        wait_until(lambda: prom.value('up{job="ramped"}') == 1, timeout=30, what="Prometheus scraping the service")
+        done = ramp("--target", f"{url}/work", "--prometheus", prom.url, "--job", "ramped", "--start-rps", "10",
+                    "--step-rps", "4", "--max-rps", "40", "--interval", "2", "--baseline-points", "6",
+                    "--step-seconds", "4", "--watch", "4", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["p99_source"] == "service" and result["stopped_by"] == "p99"
+    assert result["knee"]["rate"] in (18, 22, 26)
+    assert 16.0 <= result["knee"]["critical_rps"] <= 20.5
+
+
+HOSTILE = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        try:
+            if self.path.startswith("/huge"):
+                while True:  # an endless answer, as fast as it can
+                    self.wfile.write(b"x" * 65536)
+            while True:  # a byte a second, for ever
+                self.wfile.write(b"x"); self.wfile.flush(); time.sleep(1)
+        except OSError:
+            pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+server.daemon_threads = True
+print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
+server.serve_forever()
+"""
+
+
+@pytest.mark.parametrize("path, expected", [("/huge", "over 4 MiB"), ("/drip", "no answer within 2 s")])
+def test_a_hostile_service_costs_bounded_answers_and_ends_at_the_error_limit(serve, tmp_path, path, expected):
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE)
+    url = serve(str(script))
+    started = time.monotonic()
+    done = ramp("--target", f"{url}{path}", "--timeout", "2", "--start-rps", "5", *FAST_RULE, "--json", timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["stopped_by"] == "error-rate" and result["steps"][0]["ok"] == 0
+    assert time.monotonic() - started < 30
+    assert expected in done.stderr or expected in json.dumps(result)
