@@ -87,6 +87,8 @@ def bring_probe(pid: int) -> str:
         done = inject.inject_probe(pid, anyway=True)
     except inject.InjectRefused as exc:
         return f"refused: not brought in: {exc}"
+    if done.method == "already running":
+        return "refused: the process already has a probe, which did not answer"
     return f"brought into the process through {done.method} in {time.monotonic() - began:.1f} s; left idle after"
 
 
@@ -184,7 +186,8 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
     held_over_time: Tracked | None = None  # a tracker's sites over time, kept when a later rung names the suspects
     client, hello, why_not = connect()
     brought_in_at = None  # when the probe was brought in (time.time()): its cost is the tracker's
-    if client is None and use_memray and not cancelled():
+    # Brought in only where the process has none (one that did not answer is not replaced).
+    if client is None and use_memray and not cancelled() and why_not.startswith("no gpuscope probe"):
         brought_in_at = time.time()
         how = bring_probe(pid)
         if how.startswith("refused: "):
