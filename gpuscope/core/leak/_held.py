@@ -40,7 +40,8 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
 
     There is no sample noise to beat here (the tracker counts bytes exactly): what matters is
     that the rise is steady (Kendall's tau), lasts to the end (the last half of the window rises
-    at least 40 % as fast as the whole), and adds up (`HELD_MIN_RISE`, `min_rate`). The trend is
+    at least 40 % as fast as the whole), adds up (`HELD_MIN_RISE`, `min_rate`), and is not undone
+    between two reads (a fall as large as the rise is churn, not a leak). The trend is
     of the floors (`held_floors`: what stays held), so that temporaries built and dropped at a
     period near the reads' do not alias into a rise; at most `TREND_POINTS` of them (the pairwise
     slopes are quadratic in the points)."""
@@ -56,10 +57,15 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
     late = theil_sen(points[half:]) or 0.0
     early = theil_sen(points[: half + 1]) or 0.0
     rise = points[-1][1] - points[0][1]
+    # What a site builds and drops falls as far as it rose; reads that happen to line up with its
+    # period can still make its floors climb for a while. A leak's held bytes do not fall that far.
+    raw = [float(v) for v in held]
+    fall = max((a - b for a, b in zip(raw, raw[1:])), default=0.0)
     peak = max(v for _, v in points)
     span = points[-1][0] - points[0][0]
     confidence = max(tau, 0.0) * min(1.0, len(points) / 10)
-    if (rise >= HELD_MIN_RISE and slope >= thresholds.min_rate and tau >= 0.6 and late >= 0.4 * slope):
+    if (rise >= HELD_MIN_RISE and slope >= thresholds.min_rate and tau >= 0.6 and late >= 0.4 * slope
+            and fall <= rise):
         return HeldTrend("rising", slope, confidence,
                          f"held bytes rose {format_speed(slope)} steadily for {format_duration(span)} (to {format_size(points[-1][1])})")
     if peak - points[0][1] >= HELD_MIN_RISE and early > 0 and late < 0.25 * early:
