@@ -58,17 +58,21 @@ innermost first, everywhere. Ops:
   the bytes that stack held at each of those times. With `memray_path` (gpuscope's own
   packages), memray is imported from there when the process cannot import its own. Every reply
   says where memray came from (`from`) and the process's RSS `before`, while `tracking` and
-  `after` (the tracker's state freed, glibc asked to return free pages: `malloc_trim`).
+  `after` (the tracker's state freed, glibc asked to return free pages: `malloc_trim`), and `heap`
+  {times, bytes, blocks}: the least bytes malloc had in use (as `track_progress` reports them) and
+  the least blocks Python's small-object allocator had handed out (`sys.getallocatedblocks()`:
+  its arenas are not malloc's) since the point before, each read every 20 ms while tracking, at
+  each of its points (on the clock of `times`).
 - `tracemalloc_track` {seconds, interval?, frames?, limit?} -> the standard library's tracker
   (Python-domain allocations only: memory allocated by C/C++/Rust code directly, a FAISS index,
   a tokenizer's buffers, is not seen), started for that long and stopped again; a snapshot every
   `interval` s -> {seconds, times, records: [{size, count: null, frames, held}], bytes, omitted,
-  stopped_early, rss}. Frames are named after the function defined around their line in the source file.
+  stopped_early, rss, heap}. Frames are named after the function defined around their line in the source file.
   Refused when the service runs tracemalloc itself.
 - `track_progress` (on another connection, while a `memray_track` or `tracemalloc_track` runs) ->
   {tracking, method, times, heap, rss, sites}: what the running capture has seen so far, a point
-  every second: the bytes malloc has in use (`heap`, glibc's mallinfo2; null without it) and the
-  RSS; for tracemalloc also the held bytes of the sites that gained most (`sites`: [{frames,
+  every second: the least bytes malloc had in use since the point before (`heap`, glibc's
+  mallinfo2, read every 20 ms; null without it) and the RSS; for tracemalloc also the held bytes of the sites that gained most (`sites`: [{frames,
   held}]). memray's held bytes per site are in its capture, read only when tracking ends.
   -> {tracking: false} when no capture runs.
 - `track_stop` (on another connection) -> the running capture stops now and its request replies
@@ -879,19 +883,31 @@ class _Progress:
         self.every = every
         self.started = time.monotonic()
         self.next_at = self.started
-        self.times, self.heap, self.rss = [], [], []
+        self.times, self.heap, self.rss, self.blocks = [], [], [], []
+        self.low_heap = self.low_blocks = None
         state.stop_asked.clear()
         state.tracking = {"tracking": True, "method": method, "times": [], "heap": [], "rss": [], "sites": []}
 
     def due(self):
         return time.monotonic() >= self.next_at
 
+    def look(self):
+        """Read the memory in use between points (every `LOOK_S`): a point keeps the least seen
+        since the last, so that a buffer built and dropped between points does not hide a rise."""
+        heap, blocks = _heap_in_use(), sys.getallocatedblocks()
+        if heap is not None:
+            self.low_heap = heap if self.low_heap is None else min(self.low_heap, heap)
+        self.low_blocks = blocks if self.low_blocks is None else min(self.low_blocks, blocks)
+
     def point(self, sites=()):
         now = time.monotonic()
         self.next_at = now + self.every
         self.times.append(round(now - self.started, 3))
-        self.heap.append(_heap_in_use())
+        self.look()
+        self.heap.append(self.low_heap)
         self.rss.append(_rss())
+        self.blocks.append(self.low_blocks)
+        self.low_heap = self.low_blocks = None
         self.state.tracking = {"tracking": True, "method": self.method, "times": list(self.times),
                                "heap": list(self.heap), "rss": list(self.rss), "sites": list(sites)}
 
@@ -904,6 +920,7 @@ class _Progress:
 
 
 MAX_PROGRESS_SITES = 10
+LOOK_S = 0.02  # the memory in use is read this often while a capture runs (glibc's mallinfo2: microseconds)
 
 
 def _op_track_progress(state, request, hung_up):
@@ -965,16 +982,26 @@ def _held_series(reader, times, exclude):
             continue
         held = by_stack.get(frames)
         if held is None:
-            held = by_stack[frames] = [[0] * len(times), 0]
+            held = by_stack[frames] = [[0] * (len(times) + 1), 0]
+        # Changes at the snapshot an interval starts and stops, summed up once at the end: the work
+        # is one step per interval, however many snapshots it spans.
         for interval in record.intervals:
-            start = interval.allocated_before_snapshot
+            start = max(0, interval.allocated_before_snapshot)
             end = interval.deallocated_before_snapshot
             stop = len(times) if end is None else min(end, len(times))
-            for k in range(max(0, start), stop):
-                held[0][k] += interval.n_bytes
+            if start < stop:
+                held[0][start] += interval.n_bytes
+                held[0][stop] -= interval.n_bytes
             if end is None or end > last:
                 held[1] += interval.n_allocations
-    return [(frames, h, n) for frames, (h, n) in by_stack.items()]
+    out = []
+    for frames, (changes, n) in by_stack.items():
+        total, series = 0, []
+        for change in changes[:-1]:
+            total += change
+            series.append(total)
+        out.append((frames, series, n))
+    return out
 
 
 def _op_memray_track(state, request, hung_up):
@@ -1023,7 +1050,9 @@ def _op_memray_track(state, request, hung_up):
                     break
                 if progress.due():
                     progress.point()
-                time.sleep(min(0.1, left))
+                else:
+                    progress.look()
+                time.sleep(min(LOOK_S, left))
         took = time.monotonic() - started
         rss_tracking = _rss()
         if hung_up():
@@ -1069,6 +1098,8 @@ def _op_memray_track(state, request, hung_up):
     }
     if interval is not None:
         out["times"] = [round(t, 3) for t in times]
+    if progress is not None:
+        out["heap"] = {"times": list(progress.times), "bytes": list(progress.heap), "blocks": list(progress.blocks)}
     return out
 
 
@@ -1161,7 +1192,8 @@ def _op_tracemalloc_track(state, request, hung_up):
                     break
                 end = time.monotonic() + min(interval, left)
                 while time.monotonic() < end and not hung_up() and not progress.asked_to_stop():
-                    time.sleep(max(0.0, min(0.1, end - time.monotonic())))
+                    progress.look()
+                    time.sleep(max(0.0, min(LOOK_S, end - time.monotonic())))
             stopped_early = progress.asked_to_stop()
         finally:
             progress.end()
@@ -1186,6 +1218,7 @@ def _op_tracemalloc_track(state, request, hung_up):
         "omitted": max(0, len(series) - limit),
         "stopped_early": stopped_early,
         "rss": {"before": rss_before, "tracking": rss_tracking, "after": _rss()},
+        "heap": {"times": list(progress.times), "bytes": list(progress.heap), "blocks": list(progress.blocks)},
     }
 
 

@@ -3,7 +3,9 @@ and `gpuscope diagnose --prometheus URL --node N --pid PID [--duration S] ...`.
 
 Watches the process for S seconds (its memory, its GPU, the service's signals) while it looks
 for the code that allocates memory that stays, then prints the seven steps: Markdown-like text,
-or the gpuscope.diagnosis/1 JSON object.
+or the gpuscope.diagnosis/1 JSON object. A Python service without gpuscope's probe gets one
+brought in first (sys.remote_exec, or gdb after a throwaway check), which runs the allocation
+trackers inside it and stays there idle; --no-inject runs nothing inside the process.
 
 With --node, nothing on this machine is watched: the last S seconds (default 600) of the
 history `gpuscope exporter` on node N left in Prometheus are diagnosed instead (steps 1 to 6);
@@ -39,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --prometheus: the node (the exporter's node label) whose history to diagnose")
     parser.add_argument("--json", action="store_true", help="the gpuscope.diagnosis/1 JSON object")
     add_output_arguments(parser, metavar="FILE", what="the report")
-    parser.add_argument("--no-inject", action="store_true", help="never attach memray (nothing runs inside the process)")
+    parser.add_argument("--no-inject", action="store_true",
+                        help="never bring gpuscope's probe or memray into the process (nothing runs inside it: "
+                             "stack sampling only)")
 
 
 def node_name(text: str) -> str:

@@ -136,8 +136,9 @@ class WizardScreen(Screen[None]):
         seconds = f"{ATTRIBUTION_S:g} s"
         if not session_of(self.app).can_inject:
             return f"y: find where the process was while memory grew (stack sampling, about {seconds})"
-        way = "memray inside the service through its gpuscope probe" if self._probe else "memray attach"
-        return f"y: find the code that keeps memory ({way}, about {seconds})"
+        way = ("inside the service through its gpuscope probe" if self._probe
+               else "inside the service, through gpuscope's probe brought in first")
+        return f"y: find the code that keeps memory (memray {way}, about {seconds})"
 
     def _looked(self) -> bool:
         return self.evidence is not None and self.evidence.attribution is not None

@@ -25,6 +25,10 @@ from gpuscope.core.diagnosis._shared import GROUPS, group_records
 
 
 HELD_INTERVAL_S = 1.0  # how often a tracker's held bytes per site are read
+# memray's memory snapshots cost it one read of the RSS: 4 a second, so that temporaries built and
+# dropped about once a second are seen falling, not aliased into a slow rise (tracemalloc's
+# snapshots walk every trace: once a second, and the floors of what it holds are trended instead).
+MEMRAY_HELD_INTERVAL_S = 0.25
 # What tracking costs the service, as benchmarks/diagnosis_cost.py measured it on an
 # allocation-heavy service (shown where the operator is asked before anything runs inside it).
 TRACKING_COST = ("expected cost: the service runs up to ~10% slower while it is tracked (memray or "
@@ -41,6 +45,33 @@ class Tracked:
     sites: tuple[Site, ...]
     cost: dict
     seen: int = 0  # allocation stacks the tracker reported (those left out of its reply included)
+    heap_times: tuple[float, ...] = ()  # the allocator's bytes in use while tracking, at these times
+    heap: tuple[int, ...] = ()
+    heap_blocks: tuple[int, ...] = ()  # Python's small-object blocks handed out, at the same times
+
+
+MAX_HEAP_POINTS = 10_000  # points of the heap series read from a reply (4 a second for 40 minutes)
+
+
+def heap_series(reply: dict) -> tuple[tuple[float, ...], tuple[int, ...], tuple[int, ...]]:
+    """The reply's `heap` {times, bytes, blocks} as three aligned tuples (the process's data:
+    checked and bounded; points without a measure are left out; () where there is none)."""
+    heap = reply.get("heap")
+    if not isinstance(heap, dict):
+        return (), (), ()
+    times, values, blocks = heap.get("times"), heap.get("bytes"), heap.get("blocks")
+    if not isinstance(times, list) or not isinstance(values, list) or len(times) != len(values):
+        return (), (), ()
+    if not isinstance(blocks, list) or len(blocks) != len(times):
+        blocks = [0] * len(times)
+
+    def count(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    n = MAX_HEAP_POINTS
+    points = [(float(t), v, b) for t, v, b in zip(times[:n], values[:n], blocks[:n])
+              if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and count(v) and count(b)]
+    return tuple(p[0] for p in points), tuple(p[1] for p in points), tuple(p[2] for p in points)
 
 
 PROBE_FILE = os.sep + os.path.join("gpuscope", "probe.py")
@@ -137,8 +168,10 @@ def _tracked(reply: dict, pid: int, method: str, sees: str, *, growing: bool = F
     else:
         live = [g for g in groups if int(g.get("size") or 0) > 0]
     seen = len(groups) + max(0, _count(reply.get("omitted")))
+    heap_times, heap, blocks = heap_series(reply)
     return Tracked(suspects_from_records(group_records(live, "size"), roots, method),
-                   times, sites_from_records(groups, times, roots) if times else (), cost, seen)
+                   times, sites_from_records(groups, times, roots) if times else (), cost, seen, heap_times, heap,
+                   blocks)
 
 
 def own_memray_path() -> str | None:
@@ -253,7 +286,7 @@ def probe_memray_suspects(
     duration = max(0.1, duration)
     early = EarlyStop(client) if settle else None
     try:
-        reply = client.memray_track(duration, limit=GROUPS, interval=HELD_INTERVAL_S, memray_path=path,
+        reply = client.memray_track(duration, limit=GROUPS, interval=MEMRAY_HELD_INTERVAL_S, memray_path=path,
                                     cancelled=_while_waiting(duration, cancelled, progress, early))
     finally:
         if early is not None:

@@ -15,7 +15,7 @@ from gpuscope.core.target import pyspy
 from gpuscope.core.diagnosis.attribution import (
     suspects_from_stacks,
 )
-from gpuscope.core.target.stacks import StackDump, StackFrame, Suspect
+from gpuscope.core.target.stacks import StackDump, StackFrame, Suspect, ThreadStack
 
 # -- the stack-sampling rung ------------------------------------------------------------------------
 
@@ -51,8 +51,8 @@ def sample_growth(
     cancelled: Callable[[], bool] = lambda: False,
     progress: Callable[[float], None] = lambda fraction: None,
 ) -> tuple[tuple[Suspect, ...], SamplingCount]:
-    """py-spy dumps taken while memory grows, each stack weighted by the growth since the last look,
-    and how many dumps failed.
+    """py-spy dumps, each working thread's stack weighted by the memory's change since the last
+    look (a fall debits what a rise credited), ranked by function, and how many dumps failed.
 
     Low confidence by nature: a function that allocates quickly and returns is rarely caught on a
     stack, so this ranks where the process was *while* memory grew, not what allocated it. A dump
@@ -79,8 +79,10 @@ def sample_growth(
         now = memory(pid)
         growth = (now - before) if now is not None and before is not None else 0.0
         before = now
-        stacks = [t.frames for t in dump.threads if t.active or t.owns_gil]
-        if growth > 0 and stacks:
+        stacks = [t.frames for t in dump.threads if working(pid, t)]
+        if growth and stacks:
+            # Falls debit what rises credited: a thread that builds and drops its buffers nets
+            # nothing; one that keeps what it allocates nets its growth.
             for frames in stacks:
                 weighted.append((frames, growth / len(stacks), 1))
         elif growth > 0:
@@ -90,4 +92,29 @@ def sample_growth(
     count = SamplingCount(taken, failed, last_error, grew_idle)
     if taken and failed * 2 > taken:
         raise pyspy.PySpyError(f"{failed} of {taken} stack dumps of process {pid} failed (last: {last_error})")
-    return suspects_from_stacks(weighted, "stack-sampling", known_bytes=False), count
+    return suspects_from_stacks(weighted, "stack-sampling", known_bytes=False, by_function=True), count
+
+
+def working(pid: int, thread: ThreadStack) -> bool:
+    """Whether a sampled thread was doing work: it holds the GIL, or py-spy saw it active and the
+    kernel has it running (a thread asleep in time.sleep, or waiting on a lock or a socket, is
+    in state S however py-spy read it)."""
+    if thread.owns_gil:
+        return True
+    if not thread.active:
+        return False
+    return task_state(pid, thread.os_thread_id) not in ("S", "D", "I")
+
+
+def task_state(pid: int, tid: object) -> str | None:
+    """The kernel's state letter of thread `tid` of `pid` (None where it cannot be read)."""
+    if not isinstance(tid, int) or isinstance(tid, bool) or tid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+            raw = f.read(1024)
+    except OSError:
+        return None
+    end = raw.rfind(b")")  # the name, in parentheses, may hold anything
+    fields = raw[end + 2:].split(b" ", 1) if end > 0 else []
+    return fields[0].decode("ascii", "replace") if fields else None

@@ -48,36 +48,49 @@ class Attribution:
     sites: tuple[Site, ...] = ()  # held bytes over time, per site (trackers that read it over time)
     window: tuple[float, float] | None = None  # when a tracker ran inside the process (time.time())
     cost: dict = field(default_factory=dict)  # the tracker's: "rss_before", "rss_tracking", "rss_after", "from", "sees"
+    # The allocator's bytes in use while the tracker ran (glibc's, through the probe), at
+    # `heap_times` (seconds since tracking began): what the tracker's sites are judged against.
+    heap_times: tuple[float, ...] = ()
+    heap: tuple[int, ...] = ()
+    heap_blocks: tuple[int, ...] = ()  # Python's small-object blocks handed out (its arenas are not malloc's)
 
 
 # -- grouping allocation stacks into suspects ------------------------------------------------------
 
 
 def suspects_from_stacks(
-    weighted: Sequence[tuple[Sequence[StackFrame], float, int]], method: str, *, known_bytes: bool, limit: int = 10
+    weighted: Sequence[tuple[Sequence[StackFrame], float, int]], method: str, *, known_bytes: bool, limit: int = 10,
+    by_function: bool = False,
 ) -> tuple[Suspect, ...]:
-    """Group (stack innermost-first, weight, count) by the owning frame of each stack."""
-    weight: dict[tuple[str, str, int], float] = defaultdict(float)
-    count: dict[tuple[str, str, int], int] = defaultdict(int)
-    stack_of: dict[tuple[str, str, int], tuple[StackFrame, ...]] = {}  # the heaviest stack behind each
-    heaviest: dict[tuple[str, str, int], float] = defaultdict(float)
+    """Group (stack innermost-first, weight, count) by the owning frame of each stack (by its
+    function, not its line, with `by_function`: one function's share is not split over its
+    lines). Weights may be negative (a fall debits a rise); owners whose net is not positive are
+    left out."""
+    Key = tuple[str, str, int | None]
+    weight: dict[Key, float] = defaultdict(float)
+    count: dict[Key, int] = defaultdict(int)
+    stack_of: dict[Key, tuple[StackFrame, ...]] = {}  # the heaviest stack behind each
+    heaviest: dict[Key, float] = defaultdict(float)
+    line_of: dict[Key, int] = {}
     for frames, w, n in weighted:
         owner = owner_frame(frames)
-        if owner is None or w <= 0:
+        if owner is None or w == 0:
             continue
-        key = (owner.function, owner.file, owner.line)
+        key: Key = (owner.function, owner.file, None if by_function else owner.line)
         weight[key] += w
         count[key] += n
         if w > heaviest[key]:
             heaviest[key] = w
             stack_of[key] = tuple(frames)
-    total = sum(weight.values())
-    ranked = sorted(weight, key=lambda k: -weight[k])[:limit]
+            line_of[key] = owner.line
+    gained = [k for k in weight if weight[k] > 0 and k in stack_of]
+    total = sum(weight[k] for k in gained)
+    ranked = sorted(gained, key=lambda k: -weight[k])[:limit]
     return tuple(
         Suspect(
             function=k[0],
             file=k[1],
-            line=k[2],
+            line=line_of[k],
             bytes=int(weight[k]) if known_bytes else None,
             share=weight[k] / total if total else 0.0,
             method=method,

@@ -151,6 +151,10 @@ class VerdictEvidence:
     rungs: tuple[Rung, ...] = ()
     prometheus_node: str | None = None  # read from Prometheus history of this node, not from the process
     unseen_growth: dict | None = None  # the memory grew where the tracker did not see (diagnosis.UnseenGrowth)
+    # Whether the first rising site's rise counted as leak evidence, by which rule and why
+    # ({counts, rule, reason, site}; a tracker without held bytes over time: {counts, rule, reason}).
+    site_rule: dict | None = None
+    settle_s: float | None = None  # an inconclusive verdict: the --duration that would settle it
 
     def to_json(self) -> dict:
         """The diagnosis JSON's "evidence" object."""
@@ -166,6 +170,10 @@ class VerdictEvidence:
             out["from"], out["node"] = "prometheus", self.prometheus_node
         if self.unseen_growth is not None:
             out["unseen_growth"] = self.unseen_growth
+        if self.site_rule is not None:
+            out["site_rule"] = self.site_rule
+        if self.settle_s is not None:
+            out["settle_s"] = self.settle_s
         return out
 
 
@@ -203,6 +211,13 @@ def evidence_lines(diagnosis: Diagnosed, now: float | None = None) -> dict[int, 
         if ev.samples_after_tracker is not None and ev.samples_after_tracker < 2:
             verdict.append("nothing was watched after the tracker stopped (it and the reading of its capture took the "
                            "rest of the time): the memory trend rests on the samples before it")
+    if ev.settle_s is not None:
+        verdict.append(f"not settled: --duration {ev.settle_s:g} would settle it")
+    if ev.site_rule is not None:
+        counted = "counts" if ev.site_rule.get("counts") else "does not count"
+        whose = f"{ev.site_rule['site']}'s rise {counted}" if ev.site_rule.get("site") else f"sites: {counted}"
+        verdict.append(printable_line(f"allocation sites: {whose} ({ev.site_rule.get('rule')}): "
+                                      f"{ev.site_rule.get('reason')}", 400))
     if diagnosis.instrument is not None and diagnosis.instrument.method is not None:
         verdict += instrument_lines(diagnosis.instrument)
     if ev.ended_at is not None:

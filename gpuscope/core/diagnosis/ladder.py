@@ -46,7 +46,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gpuscope.core.target import probe_client, pyspy
+from gpuscope.core.target import inject, probe_client, pyspy
 from gpuscope.core.diagnosis.attribution import (
     Attribution,
     Rung,
@@ -68,10 +68,28 @@ from gpuscope.core.diagnosis._torch_history import torch_history_suspects, torch
 # The rungs' names the rest of gpuscope uses, from this one interface.
 __all__ = [
     "GROUPS", "TRACEMALLOC_SEES", "TRACKING_COST", "AttachRefused", "SamplingCount", "Tracked", "attribute",
+    "bring_probe",
     "check_attach", "group_records", "memray_importable", "memray_suspects", "own_memray_path",
     "probe_memray_suspects", "probe_tracemalloc_suspects", "rss_of", "sample_growth", "torch_history_suspects",
     "torch_unavailable",
 ]
+
+
+# -- bringing the probe in ----------------------------------------------------------------------------
+
+
+def bring_probe(pid: int) -> str:
+    """Start gpuscope's probe inside `pid`, which has none (`inject.inject_probe`: sys.remote_exec
+    on Python 3.14+, else gdb once the throwaway check passed): how it came in, or "refused: why".
+    The probe stays in the process afterwards, idle (a thread waiting on its private socket)."""
+    began = time.monotonic()
+    try:
+        done = inject.inject_probe(pid, anyway=True)
+    except inject.InjectRefused as exc:
+        return f"refused: not brought in: {exc}"
+    if done.method == "already running":
+        return "refused: the process already has a probe, which did not answer"
+    return f"brought into the process through {done.method} in {time.monotonic() - began:.1f} s; left idle after"
 
 
 # -- the ladder --------------------------------------------------------------------------------------
@@ -143,11 +161,16 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
              window: tuple[float, float] | None = None) -> Attribution:
         if window is not None and window not in ran:
             ran.append(window)
+        if brought_in_at is not None and not ran:
+            ran.append((brought_in_at, time.time()))  # the probe alone ran inside: its memory is in the RSS
         span = (min(w[0] for w in ran), max(w[1] for w in ran)) if ran else None
+        if span is not None and brought_in_at is not None:
+            span = (min(span[0], brought_in_at), span[1])
         cost = tracked.cost if tracked else (costs[-1] if costs else {})
         return Attribution(pid, found, tuple(rungs), method, confidence, time.monotonic() - started,
                            times=tracked.times if tracked else (), sites=tracked.sites if tracked else (),
-                           window=span, cost=cost)
+                           window=span, cost=cost, heap_times=tracked.heap_times if tracked else (),
+                           heap=tracked.heap if tracked else (), heap_blocks=tracked.heap_blocks if tracked else ())
 
     def failed(method: str, detail: str) -> None:
         rungs.append(Rung(method, "failed", detail))
@@ -162,6 +185,19 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
     rungs: list[Rung] = []
     held_over_time: Tracked | None = None  # a tracker's sites over time, kept when a later rung names the suspects
     client, hello, why_not = connect()
+    brought_in_at = None  # when the probe was brought in (time.time()): its cost is the tracker's
+    # Brought in only where the process has none (one that did not answer is not replaced).
+    if client is None and use_memray and not cancelled() and why_not.startswith("no gpuscope probe"):
+        brought_in_at = time.time()
+        how = bring_probe(pid)
+        if how.startswith("refused: "):
+            rungs.append(Rung("probe", "failed", how.removeprefix("refused: ")))
+            said(f"probe: {how.removeprefix('refused: ')}")
+            brought_in_at = None
+        else:
+            client, hello, why_not = connect()
+            rungs.append(Rung("probe", "used" if client is not None else "failed",
+                              how if client is not None else f"{how}, but it did not answer: {why_not}"))
     # 1. torch allocator history, through the probe
     reason = why_not if client is None else torch_unavailable(hello or {})
     if reason:

@@ -27,7 +27,7 @@ from gpuscope.core.diagnosis.evidence import (
 )
 from gpuscope.core.leak.growth import floor_growth, theil_sen
 from gpuscope.core.leak import (WARMUP_S, HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, assess, ended_run,
-                                 held_trend, kendall_tau, warming_up)
+                                 held_evidence, held_trend, kendall_tau, warming_up)
 from gpuscope.core.common.markdown import md_code as _md_code, md_text as _md_text
 from gpuscope.core.common.printable import printable
 from gpuscope.core.node.command_display import short_command
@@ -293,6 +293,56 @@ def site_trends(att: Attribution | None, thresholds: LeakThresholds) -> list[tup
         return []
     trends = [(site, held_trend(att.times, site.held, thresholds)) for site in att.sites]
     return sorted(trends, key=lambda st: (st[1].kind != "rising", -st[1].growth_bytes_per_s))
+
+
+SHORT_SPAN_SHARE = 0.4  # of a short window, the span of untouched samples asked for (a tracker had the rest)
+SHORT_SPAN_MIN_S = 3.0
+UNTOUCHED_SHARE = 0.55  # of a diagnosis's window, about what is watched with no tracker inside
+
+
+def window_thresholds(th: LeakThresholds, duration_s: float) -> LeakThresholds:
+    """`th` for a diagnosis of `duration_s` seconds: a short one (`--duration 10`) has a few seconds
+    of untouched samples, not the `min_span_s` a long one asks, so what it needs scales with the
+    window, and so does how long a fast leak must have lasted (5 MB/s over the untouched span)."""
+    need = max(SHORT_SPAN_MIN_S, SHORT_SPAN_SHARE * duration_s)
+    if need >= th.min_span_s:
+        return th
+    return replace(th, min_span_s=need, fast_duration_s=min(th.fast_duration_s, need))
+
+
+def settle_seconds(th: LeakThresholds, growth_bytes_per_s: float | None, duration_s: float) -> float | None:
+    """The --duration that would settle a growth of `growth_bytes_per_s` one way or the other: long
+    enough that growth at that rate counts as a leak (`LeakThresholds.alert_rate`) on the untouched
+    part of the window. None where no growth could count (under `min_rate`)."""
+    rate = growth_bytes_per_s or 0.0
+    if rate < th.min_rate:
+        return None
+    lasted = th.fast_duration_s
+    while lasted < th.slow_window_s * 4 and th.rate_margin * th.alert_rate(lasted) > rate:
+        lasted *= 1.25
+    return float(max(math.ceil(duration_s * 2), math.ceil(lasted / UNTOUCHED_SHARE)))
+
+
+def rising_sites(att: Attribution | None,
+                 trends: list[tuple[Site, HeldTrend]]) -> tuple[list[tuple[Site, HeldTrend]], dict | None]:
+    """The rising sites whose rise is leak evidence (`leak.held_evidence`: the process's memory in
+    use rose with them, or they outlasted any turnover), and the rule that decided for the first
+    rising site (None where no site rose). A tracker with no held bytes over time says so: the
+    memory trend decides alone."""
+    if att is not None and att.method in ("memray", "tracemalloc") and not att.times:
+        return [], {"counts": False, "rule": "no held-bytes series",
+                    "reason": f"{att.method} read only what was held at the end, not over time: the memory trend decides"}
+    kept: list[tuple[Site, HeldTrend]] = []
+    first: dict | None = None
+    for site, trend in trends:
+        if trend.kind != "rising" or att is None:
+            continue
+        judged = held_evidence(trend, att.times, site.held, att.heap_times, att.heap, att.heap_blocks)
+        if first is None:
+            first = {**judged.to_json(), "site": site.function}
+        if judged.counts:
+            kept.append((site, trend))
+    return kept, first
 
 
 # -- the seven steps -------------------------------------------------------------------------------
@@ -724,7 +774,9 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     The memory trend is judged on the samples no tracker distorted (`uninstrumented`); the held
     bytes per allocation site, where a tracker read them over time, are evidence of their own: a
     site whose held bytes rise steadily to the end is a leak even where RSS is flat (the allocator
-    reuses freed heap, which hides a slow leak from RSS for minutes)."""
+    reuses freed heap, which hides a slow leak from RSS for minutes). A short window asks less of
+    its untouched samples (`window_thresholds`)."""
+    base, thresholds = thresholds, window_thresholds(thresholds, ev.duration_s)
     device_step, device_assessment = step_device(ev, thresholds)
     gpu_assessment = None
     if ev.gpu is not None and ev.gpu.known():
@@ -739,11 +791,14 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
                                                                                   [v for _, v in valid]))
     source, memory = ("gpu", gpu_assessment) if gpu_assessment is not None else ("rss", rss_assessment)
     trends = site_trends(ev.attribution, thresholds)
-    rising = [(site, t) for site, t in trends if t.kind == "rising"]
+    rising, site_rule = rising_sites(ev.attribution, trends)
+    counted = {(site.function, site.file, site.line) for site, _ in rising}
     classify_step, verdict, pattern = step_classify(ev, memory, source)
     if note_young := warm_up_note(ev, memory):
         classify_step = replace(classify_step, finding=classify_step.finding + note_young)
-    sites = tuple(SiteTrend(site.function, site.file, site.line, t.kind, t.growth_bytes_per_s, site.held[-1])
+    sites = tuple(SiteTrend(site.function, site.file, site.line,
+                            "turnover" if t.kind == "rising" and (site.function, site.file, site.line) not in counted
+                            else t.kind, t.growth_bytes_per_s, site.held[-1])
                   for site, t in trends[:5])
     decided_by, confidence = "memory trend", round(memory.confidence, 2) if memory else 0.0
     if rising and verdict == "leak":
@@ -755,7 +810,8 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         classify_step = Step(6, TITLES[5], ALERT,
                              f"A leak by its allocation sites: {site.function}'s {t.reason}, while the "
                              f"{source.upper() if source == 'gpu' else 'RSS'} trend reads "
-                             f"{memory.pattern if memory else 'nothing'} (confidence {t.confidence:.0%}).",
+                             f"{memory.pattern if memory else 'nothing'} (confidence {t.confidence:.0%}); "
+                             f"{(site_rule or {}).get('reason', '')}.",
                              "Find the code path (step 7).", {**classify_step.evidence, "site": sites[0].to_json()})
     elif trends and verdict != "leak" and any(t.kind == "levelled" for _, t in trends):
         decided_by = "both"  # the tracker saw a cache fill to its bound
@@ -768,10 +824,19 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     if unseen is not None and suspects and suspects[0].method in ("memray", "tracemalloc"):
         suspects = ()
     withheld = None
-    if verdict != "leak" and suspects and suspects[0].method == "stack-sampling":
-        found = f"the memory does not leak ({pattern})" if verdict == "no-leak" else f"no leak is established ({verdict})"
-        withheld = f"{found}, and stack samples show where the process spent its time, not what allocated memory"
+    if verdict == "no-leak" and suspects and suspects[0].method == "stack-sampling":
+        withheld = (f"the memory does not leak ({pattern}), and stack samples show where the process spent its "
+                    "time, not what allocated memory")
         suspects = ()
+    settle = None
+    if verdict == "inconclusive" and memory is not None:
+        # Not settled yet: the suspects stay (a lead), and how long would settle it is said.
+        settle = settle_seconds(base, memory.growth_bytes_per_s, ev.duration_s)
+        if settle is not None:
+            classify_step = replace(
+                classify_step, next=f"Diagnose again with --duration {settle:g}: growth at "
+                f"{format_speed(memory.growth_bytes_per_s)} counts as a leak once it has lasted that long.",
+                evidence={**classify_step.evidence, "settle_s": settle})
     service = service_numbers(ev)
     steps = (
         device_step,
@@ -795,6 +860,8 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
         ranking=tuple(ProcessGrowth(pid, g) for pid, g in ranking),
         rungs=ev.attribution.rungs if ev.attribution is not None else (),
         unseen_growth=unseen.to_json() if unseen is not None else None,
+        site_rule=site_rule,
+        settle_s=settle,
     )
     empty = LeakAssessment("inconclusive", "insufficient-data", None, 0.0, None, None, None, None, 0, 0.0, "no data")
     return Diagnosis(

@@ -15,6 +15,7 @@ from gpuscope.core.leak._analysis import kendall_tau
 # --- held bytes of one allocation site --------------------------------------------------------------
 
 HELD_MIN_RISE = 1e6  # bytes: a site must gain at least this much over the tracking window to count
+TREND_POINTS = 60
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,15 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
 
     There is no sample noise to beat here (the tracker counts bytes exactly): what matters is
     that the rise is steady (Kendall's tau), lasts to the end (the last half of the window rises
-    at least 40 % as fast as the whole), and adds up (`HELD_MIN_RISE`, `min_rate`)."""
-    points = [(t, float(v)) for t, v in zip(times, held)]
+    at least 40 % as fast as the whole), adds up (`HELD_MIN_RISE`, `min_rate`), and is not undone
+    between two reads (a fall as large as the rise is churn, not a leak). The trend is
+    of the floors (`held_floors`: what stays held), so that temporaries built and dropped at a
+    period near the reads' do not alias into a rise; at most `TREND_POINTS` of them (the pairwise
+    slopes are quadratic in the points)."""
+    points = held_floors(times, held)
+    if len(points) > TREND_POINTS:
+        step = -(-len(points) // TREND_POINTS)
+        points = points[::step] if (len(points) - 1) % step == 0 else [*points[::step], points[-1]]
     if len(points) < 4 or points[-1][0] - points[0][0] < 2.0:
         return HeldTrend("insufficient-data", 0.0, 0.0, f"held bytes read at only {len(points)} times")
     slope = theil_sen(points) or 0.0
@@ -49,10 +57,15 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
     late = theil_sen(points[half:]) or 0.0
     early = theil_sen(points[: half + 1]) or 0.0
     rise = points[-1][1] - points[0][1]
+    # What a site builds and drops falls as far as it rose; reads that happen to line up with its
+    # period can still make its floors climb for a while. A leak's held bytes do not fall that far.
+    raw = [float(v) for v in held]
+    fall = max((a - b for a, b in zip(raw, raw[1:])), default=0.0)
     peak = max(v for _, v in points)
     span = points[-1][0] - points[0][0]
     confidence = max(tau, 0.0) * min(1.0, len(points) / 10)
-    if (rise >= HELD_MIN_RISE and slope >= thresholds.min_rate and tau >= 0.6 and late >= 0.4 * slope):
+    if (rise >= HELD_MIN_RISE and slope >= thresholds.min_rate and tau >= 0.6 and late >= 0.4 * slope
+            and fall <= rise):
         return HeldTrend("rising", slope, confidence,
                          f"held bytes rose {format_speed(slope)} steadily for {format_duration(span)} (to {format_size(points[-1][1])})")
     if peak - points[0][1] >= HELD_MIN_RISE and early > 0 and late < 0.25 * early:
@@ -60,6 +73,77 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
                          f"held bytes rose to {format_size(peak)}, then levelled off (a cache filling to its bound)")
     return HeldTrend("balanced", slope, 1 - abs(tau) / 2,
                      f"held bytes at {format_size(points[-1][1])}, not rising steadily")
+
+
+def held_floors(times: Sequence[float], held: Sequence[float]) -> list[tuple[float, float]]:
+    """(time, the least held from then to the end of tracking): the bytes held at each time that
+    stay held. What a site builds and drops (a temporary, a batch, a neighbour's buffers) falls
+    again later and leaves no floor, however its period and the reads line up; a leak only adds,
+    so its floors are its held bytes."""
+    floors: list[tuple[float, float]] = []
+    least = float("inf")
+    for t, v in reversed(list(zip(times, held))):
+        least = min(least, float(v))
+        floors.append((float(t), least))
+    floors.reverse()
+    return floors
+
+
+# --- a site's rise against the memory in use --------------------------------------------------------
+
+HEAP_SHARE = 0.25  # the memory in use must rise at least this share of a site's rate for its rise to count
+PYMALLOC_BLOCK_BYTES = 512  # the most one block of Python's small-object allocator holds
+HEAP_SKIP_S = 1.0  # the tracker's own start (its buffers) is in its first second
+
+
+@dataclass(frozen=True)
+class HeldEvidence:
+    """Whether a site's rise is leak evidence, by which rule, and why.
+
+    A tracker started now sees the allocations made from now on, not the frees of what was
+    allocated before: a full cache whose entries are replaced, or any memory that turns over,
+    shows as a site that rises while the process's memory in use stays level. So a rise counts
+    only where the memory in use (malloc's bytes in use, and Python's small-object blocks, which
+    malloc does not hand out) rises with it ("memory in use rising"), or where the site gained
+    more than the process had in use when tracking began, which no turnover of older memory could
+    free ("outlasts turnover"). Where the memory in use was not measured, the site decides
+    alone ("no measure of memory in use")."""
+
+    counts: bool
+    rule: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"counts": self.counts, "rule": self.rule, "reason": self.reason}
+
+
+def held_evidence(trend: HeldTrend, times: Sequence[float], held: Sequence[float],
+                  heap_times: Sequence[float], heap: Sequence[float], blocks: Sequence[float] = ()) -> HeldEvidence:
+    """Judge a rising site's held bytes (`trend`, over `times`) against the memory in use at
+    `heap_times` (`heap`: malloc's bytes in use; `blocks`: Python's small-object blocks)."""
+    rate = max(trend.growth_bytes_per_s, 0.0)
+    pairs = [(t, v, blocks[i] if i < len(blocks) else 0.0) for i, (t, v) in enumerate(zip(heap_times, heap))]
+    kept = [p for p in pairs if p[0] >= HEAP_SKIP_S] or pairs
+    if len(kept) < 4 or kept[-1][0] - kept[0][0] < 2.0:
+        return HeldEvidence(True, "no measure of memory in use",
+                            "the process's memory in use was not measured while tracking: the site's rise decides")
+    heap_floors = held_floors([p[0] for p in kept], [p[1] for p in kept])
+    block_floors = held_floors([p[0] for p in kept], [p[2] for p in kept])
+    in_use = max(0.0, theil_sen(heap_floors) or 0.0) + PYMALLOC_BLOCK_BYTES * max(0.0, theil_sen(block_floors) or 0.0)
+    if in_use >= HEAP_SHARE * rate:
+        return HeldEvidence(True, "memory in use rising",
+                            f"the process's memory in use rose {format_speed(in_use)} meanwhile (the site "
+                            f"{format_speed(rate)}): what the site holds is added, not replaced")
+    gained = float(held[-1]) - min(float(v) for v in held) if held else 0.0
+    before = float(pairs[0][1]) + PYMALLOC_BLOCK_BYTES * float(pairs[0][2])
+    if gained > before:
+        return HeldEvidence(True, "outlasts turnover",
+                            f"the site gained {format_size(gained)}, more than the {format_size(before)} the process "
+                            "had in use when tracking began: no turnover of older memory explains it")
+    return HeldEvidence(False, "memory in use level",
+                        f"the process's memory in use stayed level ({format_speed(in_use)}) while the site rose "
+                        f"{format_speed(rate)}: it replaces memory allocated before tracking (a full cache turning "
+                        "over, temporaries dropped), whose frees the tracker cannot see")
 
 
 # --- when a running tracker has seen enough ---------------------------------------------------------
