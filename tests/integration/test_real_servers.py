@@ -115,7 +115,7 @@ def test_metrics_now_is_two_scrapes_a_few_seconds_apart(servers):
     out = run_metrics("metrics", "--metrics-url", url, "--json")
     took = time.monotonic() - started
     assert out.returncode == 0, out.stderr
-    assert 2.8 < took < 15, took
+    assert took > 2.8, took  # two scrapes 2.9 s apart (a hang is the run's timeout)
     assert out.stderr == f"observing {url} for 3 s (2 scrapes, 2.9 s apart)\n"
     doc = json.loads(out.stdout)
     assert doc["window_s"] == 3.0 and doc["profile"] == "vllm" and doc["format"] == "text/plain; version=0.0.4"
