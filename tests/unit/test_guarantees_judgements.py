@@ -16,7 +16,7 @@ from gpuscope.core.diagnosis.steps import diagnose, growth_ranking
 from gpuscope.core.fleet.collector import FleetSnapshot, FleetSource
 from gpuscope.core.leak import held_trend
 from gpuscope.core.node.model import ProcessRow
-from gpuscope.core.serving.changepoint import latency_jump
+from gpuscope.core.serving.changepoint import BASELINE_MIN, latency_jump
 from helpers import wait_until
 
 MB = 1e6
@@ -46,6 +46,29 @@ def test_a_p99_jump_early_in_the_history_is_still_found_against_the_level_before
     jump = latency_jump(points)
     assert jump is not None, "a tripled P99 over the last 60 % of the history was not found"
     assert 38 <= jump.started <= 42 and 0.45 < jump.before_s < 0.55 and 1.35 < jump.after_s < 1.65, jump
+
+
+def test_too_little_history_says_nothing_however_clear_the_jump():
+    """Fewer than BASELINE_MIN + 3 points: no baseline to speak of, whatever they show."""
+    short = [(float(i), 0.5) for i in range(6)] + [(float(6 + i), 2.0) for i in range(BASELINE_MIN + 2 - 6)]
+    assert latency_jump(short) is None
+    longer = short + [(float(len(short)), 2.0)]  # one more point: enough to judge
+    assert latency_jump(longer) is not None
+
+
+def test_one_raised_point_at_the_end_is_not_a_jump_yet():
+    """The last P99 25 % up on a steady history: a start, but not the accumulated evidence of a
+    shift (LIMIT_H deviations)."""
+    points = [(float(i), 0.5) for i in range(30)] + [(30.0, 0.625)]
+    assert latency_jump(points) is None
+
+
+def test_a_clean_shift_of_a_fifth_held_a_few_points_is_a_jump_against_a_noiseless_history():
+    """A history without noise has a spread of 5 % of its level: a 22 % shift held three points
+    adds up past LIMIT_H deviations."""
+    points = [(float(i), 0.5) for i in range(20)] + [(float(20 + i), 0.61) for i in range(3)]
+    jump = latency_jump(points)
+    assert jump is not None and jump.started == 20.0 and jump.before_s == 0.5 and jump.after_s == 0.61, jump
 
 
 # -- step 4: processes ranked by how fast they grow ---------------------------------------------------
