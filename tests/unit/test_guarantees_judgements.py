@@ -85,6 +85,7 @@ def test_step_4_ranks_the_processes_fastest_growth_first_and_names_the_fastest()
     ev = replace(leaking_evidence(4242, rate=rates[4242]), processes=tuple(_host_row(p, g) for p, g in rates.items()))
     assert [pid for pid, _ in growth_ranking(ev, "host")] == [5100, 4242, 777, 9001]
     step = diagnose(ev).steps[3]
+    assert (step.number, step.title) == (4, "Locate the process"), step
     assert [r["pid"] for r in step.evidence["ranking"]] == [5100, 4242, 777, 9001], step.evidence
     assert step.finding.startswith("PID 5100 grows faster on this host"), step.finding
     assert "gpuscope diagnose --pid 5100" in step.next, step.next
