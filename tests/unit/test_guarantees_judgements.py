@@ -91,6 +91,12 @@ def test_step_4_ranks_the_processes_fastest_growth_first_and_names_the_fastest()
     assert "gpuscope diagnose --pid 5100" in step.next, step.next
 
 
+def test_step_4_ranks_the_five_fastest():
+    rates = {pid: (pid - 4000) * 1e4 for pid in range(4001, 4008)}
+    ev = replace(leaking_evidence(4007), processes=tuple(_host_row(p, g) for p, g in rates.items()))
+    assert [pid for pid, _ in growth_ranking(ev, "host")] == [4007, 4006, 4005, 4004, 4003]
+
+
 def test_step_4_says_the_process_under_diagnosis_grows_fastest_when_it_does():
     rates = {4242: 6 * MB, 5100: 1 * MB, 9001: 0.5 * MB}
     ev = replace(leaking_evidence(4242, rate=rates[4242]), processes=tuple(_host_row(p, g) for p, g in rates.items()))
@@ -111,6 +117,9 @@ def test_the_watch_after_a_late_tracker_ends_at_the_stop_grace():
     assert investigation._watch_end(duration, duration - 3, tracked) == duration + after - 3
     assert investigation._watch_end(duration, 2.0, tracked) == duration  # ended early: the plain budget
     assert investigation._watch_end(duration, None, tracked) == duration + grace  # still awaited
+    assert investigation._watch_end(duration, duration + 1, []) == duration  # no tracker ran: the budget
+    assert investigation.schedule(30.0) == (0.3 * 30.0, 0.4 * 30.0)  # watched before, then tracked
+    assert investigation.schedule(100.0)[1] == investigation.TRACK_MAX_S
 
 
 # -- the fleet view asks Prometheus only while it is open -----------------------------------------
