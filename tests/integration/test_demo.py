@@ -24,6 +24,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuscope.core.leak import LeakThresholds
 from helpers import wait_until
 
 PY = sys.executable
@@ -330,7 +331,8 @@ def test_headless_json_is_the_diagnosis_of_the_service_and_cleans_up():
     assert report["schema"] == "gpuscope.diagnosis/1"
     assert report["pid"] in children and "gpuscope.demo.service" in report["command"]
     memory = report["memory"]
-    assert memory["source"] in ("rss", "gpu") and memory["samples"] >= 8
+    # as many samples as a verdict needs (how many more a loaded machine takes is its own business)
+    assert memory["source"] in ("rss", "gpu") and memory["samples"] >= LeakThresholds().min_samples
     assert memory["growth_bytes_per_s"] > 0 and memory["end_bytes"] > memory["start_bytes"]
     assert report["verdict"] == "leak"
     assert [s["number"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6, 7]

@@ -12,6 +12,7 @@ beside a service that does not leak, stack-sampled (no suspect named).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -326,7 +327,15 @@ def without_evidence(tmp_path_factory, bare_python):
 def test_a_native_leak_tracemalloc_cannot_see_is_said_to_be_outside_pythons_allocator(without_evidence):
     d = without_evidence[("tracemalloc", "faiss")]
     assert d.verdict == "leak", d.to_text()
-    assert rungs(d)["tracemalloc"]["status"] in ("used", "failed"), rungs(d)
+    # tracemalloc ran to its end: whether a few bytes of some Python site grew meanwhile (used) or
+    # none did (failed) is the interpreter's business; an error in the rung is neither.
+    tracemalloc = rungs(d)["tracemalloc"]
+    if tracemalloc["status"] == "failed":
+        assert tracemalloc["detail"].startswith("no Python allocation site grew while tracing"), tracemalloc
+    else:
+        assert tracemalloc["status"] == "used" and re.match(
+            r"in process through gpuscope's probe: \d+ allocation sites whose memory grew while tracing",
+            tracemalloc["detail"]), tracemalloc
     unseen = d.to_json()["evidence"].get("unseen_growth")
     assert unseen is not None, d.to_text()
     assert unseen["tracker"] == "tracemalloc" and unseen["tracked_bytes_per_s"] < 0.1 * unseen["memory_bytes_per_s"]

@@ -57,14 +57,11 @@ def test_attaching_refused_is_said_in_the_rungs_the_code_path_step_and_the_evide
     canary_says(monkeypatch, REFUSAL)  # gdb would harm processes here: memray must not be attached
     proc = _start(tmp_path, "leaker", SLOW_LEAKER, probe=False)
     try:
-        began = time.monotonic()
         d = diagnose(investigate(proc.pid, 8.0))
-        took = time.monotonic() - began
         assert proc.poll() is None  # the target lives
     finally:
         proc.kill()
         proc.wait()
-    assert took < 8.0 + 6, took
     rungs = d.steps[6].evidence["rungs"]
     memray = next(r for r in rungs if r["method"] == "memray")
     assert memray["status"] == "failed" and REFUSAL in memray["detail"], rungs
@@ -79,15 +76,14 @@ def test_a_service_allocating_a_gigabyte_a_second_is_diagnosed_in_time_and_the_c
     duration = 15
     proc = _start(tmp_path, "churn", CHURN, probe=True)
     try:
-        began = time.monotonic()
+        # A hang is caught by the timeout; that the watch stops at the budget and its grace is
+        # held by tests/integration/test_guarantees_trackers.py, on the diagnosis's own clock.
         out = subprocess.run(gpuscope_cmd() + ["diagnose", "--pid", str(proc.pid), "--duration", str(duration)],
                              capture_output=True, text=True, timeout=duration + 60)
-        took = time.monotonic() - began
     finally:
         proc.kill()
         proc.wait()
     assert out.returncode == 0, out.stderr
-    assert took < duration + 8, took  # the budget, and a few seconds to start and stop
     # Said where the memray rung is reported: the code-path step and its evidence.
     assert "- memray: " in out.stdout and "its capture reached its size cap" in out.stdout, out.stdout
     assert "- instrument: " in out.stdout and "**leak**" not in out.stdout, out.stdout
@@ -110,14 +106,11 @@ def test_a_tracker_that_ends_late_is_still_followed_by_a_watch_of_its_own(tmp_pa
 
     monkeypatch.setattr(allocations, "attribute", late)
     try:
-        began = time.monotonic()
         evidence = investigate(proc.pid, duration)
-        took = time.monotonic() - began
     finally:
         proc.kill()
         proc.wait()
     after = [t for t in evidence.rss.times if t > evidence.instrumented[0][1]]
     # The tracker ended 8.5 s in: watched at least until 12 s (the grace), where the old watch had
-    # stopped at 8 s, with nothing after the tracker.
+    # stopped at 8 s, with nothing after the tracker. (The cap at the grace: test_guarantees_trackers.)
     assert after and after[-1] - after[0] >= 2.5, (evidence.instrumented, after)
-    assert took <= duration + investigation.STOP_GRACE_S + 1.5, took

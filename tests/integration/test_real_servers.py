@@ -115,7 +115,7 @@ def test_metrics_now_is_two_scrapes_a_few_seconds_apart(servers):
     out = run_metrics("metrics", "--metrics-url", url, "--json")
     took = time.monotonic() - started
     assert out.returncode == 0, out.stderr
-    assert 2.8 < took < 15, took
+    assert took > 2.8, took  # two scrapes 2.9 s apart (a hang is the run's timeout)
     assert out.stderr == f"observing {url} for 3 s (2 scrapes, 2.9 s apart)\n"
     doc = json.loads(out.stdout)
     assert doc["window_s"] == 3.0 and doc["profile"] == "vllm" and doc["format"] == "text/plain; version=0.0.4"
@@ -145,7 +145,9 @@ def test_metrics_watch_prints_again_every_refresh(servers):
             if ready:
                 lines.append(proc.stdout.readline())
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 130
+        # Drained while it stops: a child blocked on a full pipe could not exit at all.
+        proc.communicate(timeout=30)
+        assert proc.returncode == 130
     finally:
         proc.kill()
         proc.wait(timeout=10)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from dataclasses import replace
 
 from gpuscope.commands import snapshot
@@ -24,6 +23,7 @@ from gpuscope.tui.processes import ProcessTable
 
 from frames import T0, FakeSource, frame, live
 from helpers import gpuscope_cmd
+from pilot_wait import until
 
 FOUND = Attribution(
     pid=4242,
@@ -166,18 +166,15 @@ async def test_holding_down_over_the_table_records_no_extra_frames(tmp_path):
     journal = Journal(None)
     app = GpuScopeApp(live(node, journal=journal))
     async with app.run_test(size=(120, 40)) as pilot:
-        deadline = time.monotonic() + 20
-        while app.frame is None or len(app.frame.processes) < 12:
-            assert time.monotonic() < deadline, "no frame"
-            await pilot.pause(0.05)
+        await until(pilot, lambda: app.frame is not None and len(app.frame.processes) >= 12, "the first frame")
         table = app.query_one(ProcessTable)
         first = table.selected_row.pid
         for _ in range(11):
             await pilot.press("down")
-            await pilot.pause(0.02)
-        await pilot.pause(0.3)
-        last = table.selected_row.pid
-        assert last != first and app.frame.selected_pid == last  # every row was shown again, charted
+        # every row was shown again, charted: the frame follows the selection to the last row pressed to
+        last = await until(pilot, lambda: table.selected_row.pid != first and app.frame.selected_pid == table.selected_row.pid
+                           and table.selected_row.pid, "the frame to follow the selection")
+        assert app.frame.selected_pid == last
     exported = journal.export(tmp_path / "s.gpuscope").result(timeout=10)
     journal.close()
     assert len(open_recording(exported)) == host.scans  # one frame a sample, however often it was shown

@@ -18,6 +18,7 @@ from gpuscope.core.session.recording import open_recording
 from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.detail import ProcessPanel
 from helpers import wait_until
+from pilot_wait import until
 from test_probe import CUDA_LEAKING, FAKE_CUDA, probed
 from gpuscope.core.target.probe_client import ProbeWatch
 
@@ -74,7 +75,7 @@ async def test_the_console_shows_allocated_reserved_and_the_rest():
     torch = TorchMemory(4242, 50 * GIB, 58 * GIB)
     app = GpuScopeApp(live(FakeSource(frame(torch=(torch,)))))
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.2)
+        await until(pilot, lambda: "torch   alloc" in app.query_one(ProcessPanel).text.plain, "the torch line")
         text = app.query_one(ProcessPanel).text.plain
         assert "torch   alloc 50.0G · resv 58.0G · other 3.0G" in text
 

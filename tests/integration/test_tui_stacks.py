@@ -1,6 +1,5 @@
 """The code-path screens (d, S, a) in the console, with Pilot, against a real Python process."""
 
-import time
 from dataclasses import replace
 
 from textual.widgets import Tree
@@ -9,6 +8,7 @@ from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, SuspectsScreen
 
 from frames import FakeSource, frame, live, rows
+from pilot_wait import until
 from test_stacks import BUSY, IDLER
 
 
@@ -29,10 +29,7 @@ def tree_text(screen) -> str:
 
 
 async def wait_for(pilot, condition, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await pilot.pause(0.1)
+    return await until(pilot, condition, timeout=timeout)
 
 
 async def test_d_dumps_the_selected_process_and_esc_closes(spawn_python):

@@ -33,6 +33,7 @@ from gpuscope.tui.stacks import DumpScreen
 from conftest import SYSTEM_PYTHON
 from frames import FakeServing, FakeSource, frame, live, rows
 from helpers import ROOT, fake_nvml_env, gpuscope_cmd, wait_until
+from pilot_wait import until
 
 OSC_TITLE = "\x1b]0;pwned\x07"
 CLEAR = "\x1b[2J"
@@ -149,10 +150,8 @@ async def test_the_console_shows_a_live_hostile_process_inert(hostile, fake_nvml
     source = NodeSource(interval=0.2, focus_pid=proc.pid)
     app = GpuScopeApp(live(source))
     async with app.run_test(size=(200, 50)) as pilot:
-        for _ in range(300):  # up to 30 s on a loaded machine
-            await pilot.pause(0.1)
-            if "cwd     /" in app.query_one(ProcessPanel).text.plain and app.query_one(ProcessTable).order:
-                break
+        await until(pilot, lambda: "cwd     /" in app.query_one(ProcessPanel).text.plain
+                    and app.query_one(ProcessTable).order, "the hostile process's panel")
         panel = app.query_one(ProcessPanel).text.plain
         assert "cwd     " in panel and "work␛]0;pwned␇␛[2J" in panel
         assert "[bold red]markup[/]" in panel  # markup shown as the text it is

@@ -33,6 +33,7 @@ from gpuscope.core.session.report import build_report
 from gpuscope.core.serving.model import ServingSnapshot, Signals
 from gpuscope.core.target.stacks import StackDump, StackFrame, ThreadStack
 from helpers import SUPPORT, gpuscope_cmd
+from pilot_wait import until
 
 FRAMES = 10
 BAD = 5  # the record a case damages
@@ -331,12 +332,11 @@ async def test_the_replay_console_plays_a_crafted_recording_and_shows_the_damage
     source = ReplaySession(rec, playing=False)
     app = GpuScopeApp(source)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.2)
+        await until(pilot, lambda: app.frame is not None, "the first frame")
         for _ in range(FRAMES):
             await pilot.press("right_square_bracket")
         await pilot.press("w")
-        await pilot.pause(0.3)
-        assert app.frame.replay.index == len(rec) - 1
+        await until(pilot, lambda: app.frame.replay.index == len(rec) - 1, "the replay's last frame")
         assert any("skipped 3 damaged records (frames 3)" in n for n in app.frame.notices)
     assert app.return_code in (None, 0)
 
@@ -368,8 +368,8 @@ async def test_the_replay_console_takes_extreme_values_that_are_still_valid(tmp_
     async with app.run_test(size=(100, 35)) as pilot:
         for key in ["right_square_bracket"] * 3 + ["down", "enter", "d", "escape", "w", "escape", "space"]:
             await pilot.press(key)
-            await pilot.pause(0.05)
-        assert app.frame.replay.index >= 3
+            await pilot.pause()
+        await until(pilot, lambda: app.frame.replay.index >= 3, "three frames forward")
 
 
 def test_a_console_crash_shows_no_local_variables(tmp_path):

@@ -12,7 +12,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuscope.core.session import report
 from gpuscope.core.session.recording import open_recording
 from gpuscope.core.common.units import format_bytes
 from frames import recording_text
@@ -23,9 +22,6 @@ pytestmark = pytest.mark.terminal
 SECRETS = ["sk-live-4b1d", "tok-5e7a-9c", "hunter2-pw", "pg-pass-77"]
 SECRET_ARGS = ["--api-key", SECRETS[0], f"--token={SECRETS[1]}", f"password={SECRETS[2]}",
                f"postgres://rag:{SECRETS[3]}@db:5432/docs"]
-# The journal is written at once but SQLite commits each batch within 50 ms: what a kill loses is
-# at most the last sample or two. One second plus a sampling interval is the promise.
-LOST_AT_MOST_S = 1.0 + 0.5
 
 
 def console(tmux_session, tmp_path: Path, *args: str):
@@ -58,13 +54,18 @@ def frames_in(path: Path) -> int:
         return 0
 
 
-def listed_in_report(rec, pid: int) -> bool:
-    """Whether the report of `rec` lists `pid`'s row: it lists the largest processes and its
-    subject. On a busy machine the child need be neither (other processes are larger, or one of
-    them raised an alert and became the subject), so what the test expects follows the recording."""
-    last = rec.frame(len(rec) - 1)
-    ranked = sorted(last.processes, key=lambda r: -((r.gpu_memory_bytes or 0) + (r.rss_bytes or 0)))
-    return report.subject_pid(rec, last) == pid or pid in {r.pid for r in ranked[:report.TOP_PROCESSES]}
+def newest_frame_time(path: Path) -> float | None:
+    try:
+        rec = open_recording(path)
+        return rec.end if len(rec) else None
+    except Exception:  # not yet written
+        return None
+
+
+def committed_since(path: Path, mark: float) -> bool:
+    """Whether the journal holds a sample taken at or after `mark` (what a kill must not lose)."""
+    end = newest_frame_time(path)
+    return end is not None and end >= mark
 
 
 def row_of(screen: str, pid: int) -> str:
@@ -104,9 +105,9 @@ def test_live_session_to_snapshot_to_replay_to_report_without_secrets(tmux_sessi
     # The report: the process, its numbers, nothing secret.
     done = subprocess.run([*gpuscope_cmd(), "report", str(snapshot)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    listed = listed_in_report(rec, child.pid)
-    assert (f"| {child.pid} |" in done.stdout) == listed
-    assert not listed or format_bytes(mine.rss_bytes) in done.stdout
+    # The console was started for the child (--pid): the report is about it, whatever else runs.
+    row = next((ln for ln in done.stdout.splitlines() if f"| {child.pid} |" in ln), "")
+    assert row and format_bytes(mine.rss_bytes) in row, done.stdout
     assert not any(s in done.stdout for s in SECRETS)
 
     # The replay: paused at the end of the snapshot, the same row with the same numbers.
@@ -130,16 +131,19 @@ def test_kill_9_loses_at_most_the_last_second(tmux_session, spawn_python, tmp_pa
     process = gpuscope_process(tmux)
     journal = journal_of(state)
     seen = wait_until(lambda: frames_in(journal) >= 6 and frames_in(journal), timeout=60, what="six samples")
-    killed_at = time.time()
+    # A sample taken after this moment committed: then kill at once. (That a sample is committed
+    # without waiting for the next ones: tests/integration/test_guarantees_journal.py.)
+    mark = time.time()
+    wait_until(lambda: committed_since(journal, mark), timeout=60, what="a sample taken after the mark, committed")
     process.send_signal(signal.SIGKILL)
     wait_until(tmux.dead, timeout=30, what="the killed console's pane to end")
     assert os.path.exists(f"{journal}-wal")  # killed: the WAL was never folded back in
     rec = open_recording(journal)  # SQLite recovers the WAL on opening
     assert len(rec) >= seen and rec.damage is None
-    assert rec.end >= killed_at - LOST_AT_MOST_S, (killed_at - rec.end)
+    assert rec.end >= mark, (mark, rec.end)
     done = subprocess.run([*gpuscope_cmd(), "report", str(journal)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert (f"| {child.pid} |" in done.stdout) == listed_in_report(open_recording(journal), child.pid)
+    assert f"| {child.pid} |" in done.stdout, done.stdout
 
 
 def test_a_lost_terminal_closes_the_journal(tmux_session, spawn_python, tmp_path):
@@ -148,10 +152,11 @@ def test_a_lost_terminal_closes_the_journal(tmux_session, spawn_python, tmp_path
     process = gpuscope_process(tmux)
     journal = journal_of(state)
     wait_until(lambda: frames_in(journal) >= 4, timeout=60, what="four samples")
-    lost_at = time.time()
+    mark = time.time()
+    wait_until(lambda: committed_since(journal, mark), timeout=60, what="a sample taken after the mark, committed")
     tmux.close()  # the terminal goes away: SIGHUP
     wait_until(lambda: not process.is_running() or process.status() == psutil.STATUS_ZOMBIE, timeout=30,
                what="the console to end")
     assert not os.path.exists(f"{journal}-wal") or os.path.getsize(f"{journal}-wal") == 0  # closed properly
     rec = open_recording(journal)
-    assert rec.end >= lost_at - LOST_AT_MOST_S
+    assert rec.end >= mark, (mark, rec.end)

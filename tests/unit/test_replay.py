@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from frames import T0, frame, live, session_frames
+from pilot_wait import until
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.diagnosis.steps import diagnose
 from gpuscope.core.session.format import session_meta
@@ -23,7 +24,7 @@ from gpuscope.tui.textlines import TextLines
 from textual.widgets import Footer, OptionList
 from gpuscope.tui.service import ServicePanel
 from gpuscope.tui.stacks import DumpScreen
-from gpuscope.tui.timeline import Timeline
+from gpuscope.tui.timeline import JumpScreen, Timeline
 from gpuscope.tui.wizard import WizardScreen
 
 MIB = 2**20
@@ -159,57 +160,53 @@ async def test_the_console_over_a_replay(tmp_path, monkeypatch):
     source = ReplaySession(open_recording(path), playing=False)
     app = GpuScopeApp(source)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.2)
         timeline = app.query_one(Timeline)
-        assert timeline.display and "⏸ paused" in timeline.text.plain and "0:00:00 / 0:01:59" in timeline.text.plain
+        await until(pilot, lambda: timeline.display and "⏸ paused" in timeline.text.plain, "the paused timeline")
+        assert "0:00:00 / 0:01:59" in timeline.text.plain
         assert "replay" in app.query_one("#title").text.plain
         await pilot.press("right_square_bracket", "right_square_bracket")
-        await pilot.pause(0.2)
-        assert app.frame.replay.index == 2 and app.frame.time == T0 + 2
+        await until(pilot, lambda: app.frame.replay.index == 2, "two steps forward")
+        assert app.frame.time == T0 + 2
         await pilot.press("right_curly_bracket")
-        await pilot.pause(0.2)
-        assert app.frame.time == T0 + 62
+        await until(pilot, lambda: app.frame.time == T0 + 62, "a minute forward")
         await pilot.press("greater_than_sign")
-        await pilot.pause(0.2)
-        assert app.frame.replay.speed == 2.0
+        await until(pilot, lambda: app.frame.replay.speed == 2.0, "twice the speed")
         assert app.query_one(ServicePanel).display
         # `d` shows the dump recorded with the session (nothing is read from a process).
         await pilot.press("d")
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, DumpScreen) and app.screen.recorded is not None
+        await until(pilot, lambda: isinstance(app.screen, DumpScreen), "the recorded dump")
+        assert app.screen.recorded is not None
         await pilot.press("escape")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: not isinstance(app.screen, DumpScreen), "the dump to close")
         # The jump box: to the end.
         await pilot.press("J")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: isinstance(app.screen, JumpScreen), "the jump box")
         await pilot.press(*"end", "enter")
-        await pilot.pause(0.2)
-        assert app.frame.replay.index == len(frames) - 1
+        await until(pilot, lambda: app.frame.replay.index == len(frames) - 1, "the end of the replay")
         # A snapshot of the recording up to the cursor, from the replay itself.
-        await pilot.press("J", *"-30", "enter")
-        await pilot.pause(0.2)
+        await pilot.press("J")
+        await until(pilot, lambda: isinstance(app.screen, JumpScreen), "the jump box")
+        await pilot.press(*"-30", "enter")
+        await until(pilot, lambda: not isinstance(app.screen, JumpScreen) and app.frame.replay.index < len(frames) - 1,
+                    "the jump back")
         cursor = app.frame.time
         await pilot.press("e", "c")
         exports = tmp_path / "state" / "gpuscope" / "exports"
-        deadline = time.monotonic() + 30
-        while not list(exports.glob("*.gpuscope")):
-            assert time.monotonic() < deadline, "no snapshot was exported"
-            await pilot.pause(0.1)
-        [snapshot] = exports.glob("*.gpuscope")
-        await pilot.pause(0.5)
-        part = open_recording(snapshot)
+        [snapshot] = await until(pilot, lambda: list(exports.glob("*.gpuscope")), "the exported snapshot")
+        part = open_recording(snapshot)  # written whole, then renamed into place
         assert part.start == T0 and part.end == cursor and len(part) == int(cursor - T0) + 1
         # The wizard diagnoses what was recorded.
         await pilot.press("w")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, WizardScreen) and app.screen.diagnosis.verdict == "leak"
+        await until(pilot, lambda: isinstance(app.screen, WizardScreen) and app.screen.diagnosis, "the wizard's diagnosis")
+        assert app.screen.diagnosis.verdict == "leak"
         # Its moments are dated from the replay's position (the growth began with the recording),
         # not from today; and its footer offers no search, which a replay cannot run.
         wizard = app.screen
         wizard.query_one(OptionList).highlighted = 1
-        await pilot.pause(0.1)
+        since = f"since {time.strftime('%H:%M:%S', time.localtime(T0))} ({cursor - T0:.0f} s ago)"
+        await until(pilot, lambda: since in wizard.query_one("#step", TextLines).text.plain, "the step's moments")
         panel = wizard.query_one("#step", TextLines).text.plain
-        assert f"since {time.strftime('%H:%M:%S', time.localtime(T0))} ({cursor - T0:.0f} s ago)" in panel, panel
+        assert since in panel, panel
         footer = " ".join(str(key.render()) for key in wizard.query_one(Footer).query("FooterKey"))
         assert "Find the code" not in footer and "Re-run" in footer, footer
 
@@ -219,7 +216,7 @@ async def test_the_replay_keys_are_only_in_a_replay():
 
     app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.1)
+        await until(pilot, lambda: app.frame is not None, "the first frame")
         assert not app.query_one(Timeline).display
         assert app.check_action("replay_toggle", ()) is False
         assert app.check_action("export", ()) is False  # no journal given to this console
@@ -236,12 +233,9 @@ async def test_an_export_that_fails_says_why(tmp_path, monkeypatch):
     said = []
     async with app.run_test(size=(120, 40)) as pilot:
         monkeypatch.setattr(app, "notify", lambda message, **kw: said.append(message))
-        await pilot.pause(0.1)
+        await until(pilot, lambda: app.frame is not None, "the first frame")
         await pilot.press("e", "a")
-        deadline = time.monotonic() + 10
-        while not any("export failed" in m for m in said):
-            assert time.monotonic() < deadline, said
-            await pilot.pause(0.1)
+        await until(pilot, lambda: any("export failed" in m for m in said), "the export's failure")
     assert any("export failed: the session's journal is already closed" in m for m in said)
 
 
@@ -269,6 +263,6 @@ async def test_a_replay_judges_by_the_same_settings_as_the_live_console(tmp_path
     path, _ = leaking_session(tmp_path)
     app = replay_app(open_recording(path), settings)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.2)
+        await until(pilot, lambda: app.frame is not None, "the first frame")
         assert app.query_one(ServicePanel).slo.e2e_latency_p95_s == 0.25
         assert app.thresholds == settings.thresholds and app.thresholds.min_rate == 3.5e6

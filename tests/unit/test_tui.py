@@ -16,6 +16,7 @@ from gpuscope.tui.textlines import TextLines
 
 from frames import FakeSource, frame, live, no_nvml_frame, rows
 from frames import chart as chart_series
+from pilot_wait import until
 
 
 def table_pids(app) -> list[int]:
@@ -275,9 +276,8 @@ async def test_without_colour_the_chart_lines_differ_by_marker(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     app = GpuScopeApp(live(FakeSource(frame())))
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.3)
+        await until(pilot, lambda: app.frame is not None and app.frame.chart is not None, "the first frame's chart")
         chart = app.query_one(MemoryChart)
         chart.show(app.frame.chart, force=True)
-        await pilot.pause(0.1)
-        text = chart.plain
+        text = await until(pilot, lambda: "•" in chart.plain and chart.plain, "the chart drawn")
         assert "•" in text and any("\u2800" < ch <= "\u28ff" for ch in text)  # RSS dots, GPU braille

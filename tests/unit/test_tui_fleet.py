@@ -10,6 +10,7 @@ from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.fleet import FleetScreen, FleetView
 
 from frames import FakeSource, frame, live
+from pilot_wait import until
 
 ROWS = (
     FleetProcess(node="node-a", pid=4242, start_time="1", command="python serve.py", gpus=(0,), gpu_bytes=6e10,
@@ -39,8 +40,7 @@ async def test_enter_runs_the_attach_command_of_the_selected_row_and_the_console
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, FleetScreen)
-        await pilot.pause(0.3)
-        assert screen.query_one(DataTable).row_count == 2
+        await until(pilot, lambda: screen.query_one(DataTable).row_count == 2, "the fleet's two rows")
         await pilot.press("enter")
         await pilot.pause()
         assert runs == [["ssh", "-t", "node-a", "gpuscope", "--pid", "4242"]] and suspended == [True]
@@ -116,7 +116,8 @@ async def test_a_hostile_label_renders_as_one_printable_bounded_line():
     app = GpuScopeApp(live(FakeSource(frame())), fleet=FleetView(source, "ssh -t {node} gpuscope --pid {pid}"))
     async with app.run_test(size=(160, 30)) as pilot:
         await pilot.press("f")
-        await pilot.pause(0.3)
+        await until(pilot, lambda: isinstance(app.screen, FleetScreen) and app.screen.query_one(DataTable).row_count,
+                    "the fleet's row")
         table = app.screen.query_one(DataTable)
         assert table.row_count == 1
         assert table.virtual_size.height == 2  # the header and one line for the row, however long the labels

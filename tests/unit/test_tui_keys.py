@@ -21,6 +21,7 @@ from gpuscope.tui.textlines import TextLines
 from gpuscope.tui.wizard import WizardScreen
 
 from frames import FakeSource, frame, live
+from pilot_wait import until
 
 NOW = time.time()
 LIVE = Alert("rss", 4243, None, "PID 4243 python rag_worker.py (RSS)", 6.4e6, NOW - 60, None, 0.8, "floor rose")
@@ -43,10 +44,7 @@ def screen_text(app) -> str:
 
 
 async def wait_for(pilot, condition, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await pilot.pause(0.05)
+    return await until(pilot, condition, timeout=timeout)
 
 
 async def test_the_live_alert_leads_and_the_exited_one_is_marked():

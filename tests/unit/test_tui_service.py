@@ -7,6 +7,7 @@ from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.service import ServicePanel
 
 from frames import T0, FakeServing, FakeSource, frame, live
+from pilot_wait import until
 
 
 
@@ -106,8 +107,5 @@ async def test_an_answer_that_is_not_metrics_says_so_on_the_service_line():
         app = GpuScopeApp(live(FakeSource(frame()), serving=source))
         async with app.run_test(size=(120, 40)) as pilot:
             panel = app.query_one(ServicePanel)
-            for _ in range(100):
-                await pilot.pause(0.05)
-                if "not metrics" in panel.text.plain:
-                    break
+            await until(pilot, lambda: "not metrics" in panel.text.plain, "the panel to say what the page is")
             assert f"✖ {server.url()}: not metrics (an HTML page)" in panel.text.plain

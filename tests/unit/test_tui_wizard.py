@@ -17,6 +17,7 @@ from gpuscope.tui.textlines import TextLines
 from gpuscope.tui.wizard import WizardScreen
 
 from frames import FakeSource, frame, live
+from pilot_wait import until
 
 ALERT = Alert("rss", 4243, None, "PID 4243 python rag_worker.py (RSS)", 6.4e6, time.time() - 60, None, 0.8, "floor rose")
 FOUND = Attribution(
@@ -38,10 +39,7 @@ def never_wait_on_the_ui(*args, **kwargs):
 
 
 async def wait_for(pilot, condition, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await pilot.pause(0.05)
+    return await until(pilot, condition, timeout=timeout)
 
 
 async def test_the_alert_bar_opens_the_wizard_on_its_process():
