@@ -99,7 +99,8 @@ def test_a_service_that_errors_instead_of_slowing_down_stops_at_the_error_limit(
     assert result["stopped_by"] == "error-rate", result["stop_reason"]
     knee = result["knee"]
     assert knee["rate"] in (12, 14, 16)  # at 12/s only when bursts pass the bucket
-    assert 10.0 <= knee["critical_rps"] <= 14.0, knee
+    # What it served there (a loaded machine sends in bursts, so the bucket may let a step more through).
+    assert 10.0 <= knee["critical_rps"] <= knee["rate"], knee
     assert {m["name"] for m in knee["moved"]} >= {"error rate"}
 
 

@@ -65,9 +65,7 @@ async def test_the_fleet_view_offers_and_obeys_only_its_own_keys(monkeypatch):
     app = GpuScopeApp(live(FakeSource(frame(alerts=(alert,), focus=None))), fleet=view([]))
     async with app.run_test(size=(160, 40)) as pilot:
         await pilot.press("f")
-        await pilot.pause(0.3)
-        screen = app.screen
-        assert isinstance(screen, FleetScreen)
+        screen = await until(pilot, lambda: isinstance(app.screen, FleetScreen) and app.screen, "the fleet view")
         footer = " ".join(str(key.render()) for key in screen.query_one(Footer).query("FooterKey"))
         for local in ("Diagnose", "Filter", "Stacks", "Alloc", "Export"):
             assert local not in footer, footer

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from gpuscope.errors import UsageError
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.common.redact import redact_command, redact_text
 
@@ -56,8 +57,8 @@ CHAT_PROMPTS = (
 )
 
 
-class LoadError(ValueError):
-    """A load that cannot be driven as given: one plain line."""
+class LoadError(UsageError):
+    """A load that cannot be driven as given (or an answer it cannot read): one plain line."""
 
 
 @dataclass(frozen=True)
