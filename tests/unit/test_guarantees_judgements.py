@@ -87,7 +87,7 @@ def test_step_4_ranks_the_processes_fastest_growth_first_and_names_the_fastest()
     step = diagnose(ev).steps[3]
     assert (step.number, step.title) == (4, "Locate the process"), step
     assert [r["pid"] for r in step.evidence["ranking"]] == [5100, 4242, 777, 9001], step.evidence
-    assert step.finding.startswith("PID 5100 grows faster on this host"), step.finding
+    assert step.finding.startswith("PID 5100 (worker_5100.py") and " grows faster on this host" in step.finding, step.finding
     assert "gpuscope diagnose --pid 5100" in step.next, step.next
 
 
@@ -101,7 +101,7 @@ def test_step_4_says_the_process_under_diagnosis_grows_fastest_when_it_does():
     rates = {4242: 6 * MB, 5100: 1 * MB, 9001: 0.5 * MB}
     ev = replace(leaking_evidence(4242, rate=rates[4242]), processes=tuple(_host_row(p, g) for p, g in rates.items()))
     step = diagnose(ev).steps[3]
-    assert step.finding.startswith("PID 4242 grows fastest on this host"), step.finding
+    assert step.finding.startswith("PID 4242 (serve.py") and " grows fastest on this host" in step.finding, step.finding
 
 
 # -- the stop grace: the watch never runs past it, however late a tracker replies ------------------

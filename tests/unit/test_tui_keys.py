@@ -249,7 +249,7 @@ async def test_from_the_alert_to_the_culprit_in_two_keys_each_announced(monkeypa
         wizard = app.screen
         assert isinstance(wizard, WizardScreen) and wizard.pid == 4243
         keys = "".join(wizard.query_one("#wizard-keys", TextLines).lines)
-        assert "j k: steps" in keys and "y: find the code that keeps memory (memray attach, about" in keys  # the second
+        assert "j k: steps" in keys and "y: find the code that keeps memory (memray inside the service" in keys  # the second
         assert "memray memray" not in keys
         await pilot.press("y")
         await wait_for(pilot, lambda: "memray running · 1 s" in screen_text(app))  # alive, with its clock
