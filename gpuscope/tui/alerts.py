@@ -25,7 +25,7 @@ from textual.widgets.option_list import Option
 from gpuscope.core.node.model import Alert, Frame
 from gpuscope.core.common.printable import printable
 from gpuscope.core.common.units import format_duration, format_rate
-from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
+from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, ThemedPanel
 from gpuscope.tui.textlines import TextLines
 
 DIAGNOSE_HINT = "w: diagnose"
@@ -59,7 +59,7 @@ def describe(alert: Alert, palette: Palette = DEFAULT_PALETTE, keys: Text | None
     return text
 
 
-class AlertBar(TextLines):
+class AlertBar(ThemedPanel, TextLines):
     """Not focusable: `w` (an app key) diagnoses the alert shown here unless the operator is
     looking at another process (attached, or a row moved to); the bar then says what `w` means."""
 
@@ -79,7 +79,6 @@ class AlertBar(TextLines):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.alerts: tuple[Alert, ...] = ()
-        self.palette = DEFAULT_PALETTE
         self._frame: Frame | None = None
         self._shown: tuple | None = None  # the alert in the bar, kept while it lasts
         self._picked = False  # the operator picked it (from the list): kept even once it has ended
@@ -107,10 +106,9 @@ class AlertBar(TextLines):
         self._picked = False
 
     def on_mount(self) -> None:
-        follow_theme(self, self._use_palette)
+        self.follow_theme()
 
-    def _use_palette(self, palette: Palette) -> None:
-        self.palette = palette
+    def redraw(self) -> None:
         if self._frame is not None:
             self.show(self._frame, self._w_pid)
 
@@ -118,8 +116,7 @@ class AlertBar(TextLines):
         """Show this alert in the bar, for as long as it is listed."""
         self._shown = identity(alert)
         self._picked = True
-        if self._frame is not None:
-            self.show(self._frame, self._w_pid)
+        self.redraw()
 
     def show(self, frame: Frame, w_pid: int | None = None) -> None:
         """Show `frame`'s alerts; `w_pid` is the process `w` diagnoses instead of the bar's alert

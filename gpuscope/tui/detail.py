@@ -11,23 +11,21 @@ from textual.screen import ModalScreen
 from gpuscope.core.node.model import Frame, ProcessRow, TorchMemory
 from gpuscope.core.common.printable import printable
 from gpuscope.core.common.units import format_bytes, format_rate
-from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
+from gpuscope.tui.palette import ThemedPanel
 from gpuscope.tui.textlines import TextLines
 
 
-class ProcessPanel(TextLines):
+class ProcessPanel(ThemedPanel, TextLines):
     DEFAULT_CSS = """
     ProcessPanel { width: 1fr; min-width: 28; height: 1fr; padding: 0 1; }
     """
 
-    palette = DEFAULT_PALETTE
     _frame: Frame | None = None
 
     def on_mount(self) -> None:
-        follow_theme(self, self._use_palette)
+        self.follow_theme()
 
-    def _use_palette(self, palette: Palette) -> None:
-        self.palette = palette
+    def redraw(self) -> None:
         if self._frame is not None:
             self.show(self._frame)
 

@@ -13,7 +13,7 @@ from textual.containers import Horizontal, Vertical
 from gpuscope.core.node.model import Frame
 from gpuscope.core.common.printable import printable
 from gpuscope.core.common.units import format_bytes
-from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
+from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, ThemedPanel
 from gpuscope.tui.textlines import TextLines
 
 
@@ -50,7 +50,7 @@ def lines(parts: list[Text]) -> Text:
     return Text("\n").join(parts)
 
 
-class DevicesPanel(Vertical):
+class DevicesPanel(ThemedPanel, Vertical):
     DEFAULT_CSS = """
     DevicesPanel { height: auto; padding: 0 1; }
     DevicesPanel > Horizontal { height: auto; }
@@ -70,7 +70,6 @@ class DevicesPanel(Vertical):
             yield TextLines(wrap=False, id="dev-numbers")
         yield TextLines(wrap=False, id="notices", classes="empty")
 
-    palette = DEFAULT_PALETTE
     _frame: Frame | None = None
     _view: tuple | None = None  # what the panel shows now, as plain values
 
@@ -78,10 +77,9 @@ class DevicesPanel(Vertical):
         # Looked up once: the panel is redrawn every tick.
         self._names, self._bars, self._numbers, self._status, self._notices = (
             self.query_one(f"#{i}", TextLines) for i in ("dev-names", "dev-bars", "dev-numbers", "nvml-status", "notices"))
-        follow_theme(self, self._use_palette)
+        self.follow_theme()
 
-    def _use_palette(self, palette: Palette) -> None:
-        self.palette = palette
+    def redraw(self) -> None:
         if self._frame is not None:
             self.show(self._frame)
 

@@ -9,6 +9,7 @@ the chart, the table and the panels as they reach the CSS.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 from dataclasses import dataclass
 
 from textual.app import App
@@ -79,3 +80,22 @@ def follow_theme(widget: Widget, use: Callable[[Palette], None]) -> None:
     the widget's on_mount: the watch ends with the widget)."""
     app = widget.app
     widget.watch(app, "theme", lambda _theme: use(palette_of(app)), init=True)
+
+
+class ThemedPanel:
+    """What a panel that writes colours into its text shares: the theme's `palette`, taken when it
+    mounts (its on_mount calls `follow_theme()`) and again at each change of theme, after which it
+    draws what it shows again in the new colours (`redraw()`, its own)."""
+
+    palette: Palette = DEFAULT_PALETTE
+
+    def follow_theme(self) -> None:
+        follow_theme(cast("Widget", self), self._use_palette)
+
+    def _use_palette(self, palette: Palette) -> None:
+        self.palette = palette
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Draw again what is shown (nothing before the first value), in the current palette."""
+        raise NotImplementedError

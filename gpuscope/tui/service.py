@@ -20,7 +20,7 @@ from rich.text import Text
 from gpuscope.core.settings import SloConfig
 from gpuscope.core.common.printable import printable
 from gpuscope.core.serving.model import ServingSnapshot
-from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
+from gpuscope.tui.palette import ThemedPanel
 from gpuscope.tui.textlines import TextLines
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -47,7 +47,7 @@ def number(value: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
-class ServicePanel(TextLines):
+class ServicePanel(ThemedPanel, TextLines):
     DEFAULT_CSS = """
     ServicePanel { height: auto; padding: 0 1; background: $surface; }
     ServicePanel.empty { display: none; }
@@ -56,16 +56,14 @@ class ServicePanel(TextLines):
     def __init__(self, slo: SloConfig | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.slo = slo or SloConfig()
-        self.palette = DEFAULT_PALETTE
         self._snap: ServingSnapshot | None = None
         self.compact = False
         self.add_class("empty")
 
     def on_mount(self) -> None:
-        follow_theme(self, self._use_palette)
+        self.follow_theme()
 
-    def _use_palette(self, palette: Palette) -> None:
-        self.palette = palette
+    def redraw(self) -> None:
         if self._snap is not None:
             self.show(self._snap)
 

@@ -39,7 +39,7 @@ from gpuscope.core.node.command_display import short_command
 from gpuscope.folders import exports_dir
 from gpuscope.tui.app_session import console_of, session_of
 from gpuscope.tui.messages import CodePathRead, WorkFailed, WorkProgress
-from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
+from gpuscope.tui.palette import Palette, ThemedPanel
 from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
 
@@ -54,7 +54,7 @@ def mark_of(status: str, palette: Palette) -> tuple[str, str]:
             SKIPPED: ("–", "dim")}.get(status, ("?", "dim"))
 
 
-class WizardScreen(Screen[None]):
+class WizardScreen(ThemedPanel, Screen[None]):
     DEFAULT_CSS = """
     WizardScreen #wizard-title { height: auto; background: $panel; padding: 0 1; }
     WizardScreen #steps { width: 34; height: 1fr; }
@@ -77,7 +77,6 @@ class WizardScreen(Screen[None]):
         self.pid = pid
         self.evidence: Evidence | None = None
         self.diagnosis: Diagnosis | None = None
-        self.palette = DEFAULT_PALETTE
         self.working = threading.Event()  # the allocation-site search is running
         self.cancel = threading.Event()
         self._status = ""
@@ -98,14 +97,13 @@ class WizardScreen(Screen[None]):
             return session_of(self.app).can_attach
         return True
 
-    def _use_palette(self, palette: Palette) -> None:
-        self.palette = palette
+    def redraw(self) -> None:
         if self.diagnosis is not None:
             self.render_steps()
 
     def on_mount(self) -> None:
         self.set_class(self.app.size.width < 100, "narrow")
-        follow_theme(self, self._use_palette)
+        self.follow_theme()
         self.compute()
         self.query_one("#steps", OptionList).focus()
         if session_of(self.app).can_attach:
