@@ -64,8 +64,8 @@ def test_a_dumb_terminal_gets_one_line_pointing_to_the_headless_commands(tmux_se
 
 def test_80x24_keeps_every_panel_and_resizes_live(tmux_session):
     tmux = console(tmux_session, "xterm-256color", size=(160, 50))
-    wide = tmux.screen()
-    assert "No process attached" in wide and "GROW MB/s" in wide
+    wait_until(lambda: "No process attached" in tmux.screen() and "GROW MB/s" in tmux.screen(), timeout=20,
+               what="every panel at 160x50")
     tmux._run("resize-window", "-t", "t", "-x", "80", "-y", "24")
     narrow = wait_until(lambda: max(len(ln.rstrip()) for ln in tmux.screen().splitlines()) <= 80 and tmux.screen(),
                         timeout=20, what="the console to redraw at 80 columns")
