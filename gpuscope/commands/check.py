@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 from gpuscope import __version__
-from gpuscope.commands.common import DAY_S, attach_check, count, pid, seconds
+from gpuscope.commands.common import DAY_S, attach_check, count, pid, seconds, signals_raised
 from gpuscope.commands.output import check_output, deliver
 from gpuscope.commands.run import launch_env
 from gpuscope.config import Settings
@@ -114,28 +113,26 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     def progress(line: str) -> None:
         print(f"gpuscope check: {line}", file=sys.stderr, flush=True)
 
-    previous = {s: signal.signal(s, _raise_signalled) for s in (signal.SIGTERM, signal.SIGHUP)}
-    service: StartedService | RunningService | None = None
-    memory: TreeMemory | None = None
     if args.batch:
         return _run_batch(args, command, plan, baseline, progress, NvmlCollector)
+    service: StartedService | RunningService | None = None
+    memory: TreeMemory | None = None
     try:
-        service, shown = _start(args, command)
-        memory = TreeMemory(service.pid, NvmlCollector(), plan.gpu_interval_s)
-        problem = wait_ready(service, ready_url, args.ready_timeout) if ready_url else None
-        if problem:
-            progress(problem)
-            outcome = CheckRun(shown, plan.settings(), (), exit_status=service.shell_status(), stopped=problem,
-                               stopped_by="service")
-        else:
-            outcome = drive(service, plan, command=shown, memory=memory, metrics=metrics, progress=progress,
-                            probe_wait_s=PROBE_WAIT_S if isinstance(service, StartedService) else 0.0)
+        with signals_raised():
+            service, shown = _start(args, command)
+            memory = TreeMemory(service.pid, NvmlCollector(), plan.gpu_interval_s)
+            problem = wait_ready(service, ready_url, args.ready_timeout) if ready_url else None
+            if problem:
+                progress(problem)
+                outcome = CheckRun(shown, plan.settings(), (), exit_status=service.shell_status(), stopped=problem,
+                                   stopped_by="service")
+            else:
+                outcome = drive(service, plan, command=shown, memory=memory, metrics=metrics, progress=progress,
+                                probe_wait_s=PROBE_WAIT_S if isinstance(service, StartedService) else 0.0)
     except Signalled as sig:
         print(f"gpuscope check: stopped by {sig}", file=sys.stderr)
         return 128 + sig.signum
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         if isinstance(service, StartedService):
             service.stop()
         if memory is not None:
@@ -157,16 +154,13 @@ def _run_batch(args: argparse.Namespace, command: list[str], plan: Plan, baselin
         except OSError as exc:
             raise Failure(f"cannot run {command[0]}: {exc.strerror or exc}") from None
 
-    previous = {s: signal.signal(s, _raise_signalled) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        outcome = drive_batch(start, plan, command=redact_command(command), progress=progress,
-                              memory_of=lambda pid: TreeMemory(pid, nvml_collector(), plan.gpu_interval_s))
+        with signals_raised():
+            outcome = drive_batch(start, plan, command=redact_command(command), progress=progress,
+                                  memory_of=lambda pid: TreeMemory(pid, nvml_collector(), plan.gpu_interval_s))
     except Signalled as sig:
         print(f"gpuscope check: stopped by {sig}", file=sys.stderr)
         return 128 + sig.signum
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     return _report(args, outcome, baseline)
 
 
@@ -284,7 +278,3 @@ def _report(args: argparse.Namespace, outcome: CheckRun, baseline: Baseline | No
                 force=True)
         return 0
     return 0 if verdict.passed else 1
-
-
-def _raise_signalled(signum: int, frame: object) -> None:
-    raise Signalled(signum)

@@ -7,12 +7,14 @@ Light to import: what a check needs is imported when it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from gpuscope.errors import Failure, UsageError
+from gpuscope.errors import Failure, Signalled, UsageError
 
 if TYPE_CHECKING:
     from gpuscope.config import Settings
@@ -25,6 +27,24 @@ PID_LIMIT = 2**31  # Linux PIDs stay below 2**22
 DAY_S = 86400.0
 CONSOLE_WINDOW_S = 30.0  # the serving signals' rate and quantile window in the console (and snapshots)
 
+
+
+@contextlib.contextmanager
+def signals_raised(seen: Callable[[int], None] = lambda signum: None) -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP raise `Signalled` (after `seen(signum)`), so the
+    `finally` clauses around it stop what the command started; the handlers from before are back
+    as the block is left, before those clauses run: a second signal cannot cut a cleanup short."""
+
+    def raised(signum: int, frame: object) -> None:
+        seen(signum)
+        raise Signalled(signum)
+
+    previous = {s: signal.signal(s, raised) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 def pid(text: str) -> int:
     try:

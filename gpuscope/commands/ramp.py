@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 
-from gpuscope.commands.common import DAY_S, add_service_arguments, attach_check, pid, seconds
+from gpuscope.commands.common import DAY_S, add_service_arguments, attach_check, pid, seconds, signals_raised
 from gpuscope.commands.output import check_output, deliver
 from gpuscope.commands.run import launch_env
 from gpuscope.config import Settings
@@ -123,43 +123,36 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     tally = ClientTally()
     caught: list[int] = []
-
-    def interrupted(signum: int, frame: object) -> None:
-        caught.append(signum)
-        raise Signalled(signum)
-
-    previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
     service: StartedService | RunningService | None = None
     memory = None
     try:
-        if args.pid is not None:
-            attach_check(args.pid)
-            service = RunningService(args.pid)
-        elif command:
-            service = _start(command)
-        if service is not None:
-            from gpuscope.core.node.nvml import NvmlCollector  # noqa: PLC0415
+        with signals_raised(caught.append):
+            if args.pid is not None:
+                attach_check(args.pid)
+                service = RunningService(args.pid)
+            elif command:
+                service = _start(command)
+            if service is not None:
+                from gpuscope.core.node.nvml import NvmlCollector  # noqa: PLC0415
 
-            memory = TreeMemory(service.pid, NvmlCollector(), 1.0)
-        if isinstance(service, StartedService):
-            ready = args.metrics_url[0] if args.metrics_url else (target if not args.load_command else None)
-            problem = wait_ready(service, ready, args.ready_timeout) if ready else None
-            if problem:
-                raise Failure(problem)
-        if not isinstance(load, LoadCommand):
-            problem = load.target.unreachable(min(args.timeout, 10.0))
-            if problem:
-                raise Failure(problem)
-        driven = load if isinstance(load, LoadCommand) else RequestLoad(load, tally, workers=args.concurrency,
-                                                                        timeout_s=args.timeout)
-        result = drive(plan, driven, tally, target=target, mode=mode, memory=memory, metrics=metrics, service=service,
-                       progress=progress)
+                memory = TreeMemory(service.pid, NvmlCollector(), 1.0)
+            if isinstance(service, StartedService):
+                ready = args.metrics_url[0] if args.metrics_url else (target if not args.load_command else None)
+                problem = wait_ready(service, ready, args.ready_timeout) if ready else None
+                if problem:
+                    raise Failure(problem)
+            if not isinstance(load, LoadCommand):
+                problem = load.target.unreachable(min(args.timeout, 10.0))
+                if problem:
+                    raise Failure(problem)
+            driven = load if isinstance(load, LoadCommand) else RequestLoad(load, tally, workers=args.concurrency,
+                                                                            timeout_s=args.timeout)
+            result = drive(plan, driven, tally, target=target, mode=mode, memory=memory, metrics=metrics, service=service,
+                           progress=progress)
     except Signalled as sig:  # before the ramp began: nothing measured
         progress(f"stopped by {sig}")
         return 128 + sig.signum
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         if isinstance(service, StartedService):
             service.stop()
         if memory is not None:
