@@ -36,6 +36,27 @@ def test_a_rise_larger_than_all_the_memory_in_use_at_the_start_outlasts_any_turn
     assert judged.counts and judged.rule == "outlasts turnover", judged
 
 
+def test_what_the_program_mapped_itself_counts_in_what_the_process_held_at_the_start():
+    # 36 MB gained at a site while malloc had 20 MB in use, but the process held 120 MB (maps of
+    # its own, which no allocator counts): turnover of those could free as much
+    held = [3 * MB * t for t in TIMES]
+    judged = held_evidence(held_trend(TIMES, held), TIMES, held, TIMES, [20 * MB] * len(TIMES),
+                           resident_before=120 * MB)
+    assert not judged.counts and judged.rule == "memory in use level", judged
+
+
+def test_a_batch_seen_freed_once_and_filling_again_at_the_end_is_not_a_rise():
+    # A 5 MB map every 0.2 s for 3 s, all unmapped, 0.5 s of rest, again: the tracker began 0.5 s
+    # into a batch (its older maps unseen), saw it freed, and stopped as the next one filled
+    def mapped(t: float) -> float:
+        if t < 2.5:
+            return 5 * MB * (1 + int(t / 0.2))
+        return 0.0 if t < 3.0 else 5 * MB * (1 + int((t - 3.0) / 0.2))
+    times = [i * 0.25 for i in range(25)]  # 6 s
+    held = [mapped(t) for t in times]
+    assert held_trend(times, held).kind != "rising", held
+
+
 def test_without_a_measure_of_the_memory_in_use_the_site_decides():
     held = [1 * MB * t for t in TIMES]
     judged = held_evidence(held_trend(TIMES, held), TIMES, held, (), ())
@@ -82,3 +103,23 @@ def test_stack_samples_net_growth_by_function():
     assert abs(found[0].share - 3 / 3.5) < 1e-9
     per_line = suspects_from_stacks(keeps + churns, "stack-sampling", known_bytes=False)
     assert per_line[0].function == "rebuild"  # per line, ingest's share is split in three
+
+
+def test_growth_while_no_thread_runs_is_a_lone_threads_own_and_nobodys_among_several(monkeypatch):
+    """A one-thread service that sleeps between requests is rarely caught inside one: its growth
+    goes to where it waits. Among several waiting threads no one is blamed (counted as idle)."""
+    from gpuscope.core.diagnosis import _stack_sampling
+    from gpuscope.core.target import pyspy
+    from gpuscope.core.target.stacks import StackDump, ThreadStack
+
+    def waiting(tid: int, function: str) -> ThreadStack:
+        return ThreadStack(tid, None, tid, False, False, (StackFrame(function, "/srv/app.py", 10, OWN),))
+
+    for threads, named in (((waiting(1, "serve_forever"),), ["serve_forever"]),
+                           ((waiting(1, "serve_forever"), waiting(2, "poll_queue")), [])):
+        rss = iter(range(100, 10_000))
+        monkeypatch.setattr(pyspy, "own_roots", lambda pid: ())
+        monkeypatch.setattr(pyspy, "dump", lambda pid, threads=threads, **kw: StackDump(pid, 0.0, "nonblocking", False, threads))
+        found, count = _stack_sampling.sample_growth(1, 0.3, interval=0.01, memory=lambda pid: float(next(rss) * 1e6))
+        assert [s.function for s in found] == named, found
+        assert (count.grew_idle > 0) == (not named), count

@@ -55,7 +55,8 @@ def sample_growth(
     look (a fall debits what a rise credited), ranked by function, and how many dumps failed.
 
     Low confidence by nature: a function that allocates quickly and returns is rarely caught on a
-    stack, so this ranks where the process was *while* memory grew, not what allocated it. A dump
+    stack, so this ranks where the process was *while* memory grew, not what allocated it (in a
+    process of one thread, where that thread waits when no thread runs). A dump
     that fails (a torn stack: py-spy read a thread while it changed) is skipped and counted; the
     rung fails (PySpyError) only when the process is gone or refuses us, or when most dumps failed."""
     roots = pyspy.own_roots(pid)
@@ -80,6 +81,10 @@ def sample_growth(
         growth = (now - before) if now is not None and before is not None else 0.0
         before = now
         stacks = [t.frames for t in dump.threads if working(pid, t)]
+        if not stacks and growth > 0 and len(dump.threads) == 1:
+            # One thread: the growth since the last look is its own, made somewhere below where it
+            # waits now (a loop that sleeps between requests is rarely caught inside one).
+            stacks = [dump.threads[0].frames]
         if growth and stacks:
             # Falls debit what rises credited: a thread that builds and drops its buffers nets
             # nothing; one that keeps what it allocates nets its growth.

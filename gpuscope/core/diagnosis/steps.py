@@ -337,7 +337,9 @@ def rising_sites(att: Attribution | None,
     for site, trend in trends:
         if trend.kind != "rising" or att is None:
             continue
-        judged = held_evidence(trend, att.times, site.held, att.heap_times, att.heap, att.heap_blocks)
+        resident = att.cost.get("rss_before")
+        judged = held_evidence(trend, att.times, site.held, att.heap_times, att.heap, att.heap_blocks,
+                               float(resident) if isinstance(resident, (int, float)) else None)
         if first is None:
             first = {**judged.to_json(), "site": site.function}
         if judged.counts:

@@ -16,6 +16,7 @@ from gpuscope.core.leak._analysis import kendall_tau
 
 HELD_MIN_RISE = 1e6  # bytes: a site must gain at least this much over the tracking window to count
 TREND_POINTS = 60
+EARLY_SHARE = 0.2  # of a rising site's rise, at least this much in the first half of the window
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
 
     There is no sample noise to beat here (the tracker counts bytes exactly): what matters is
     that the rise is steady (Kendall's tau), lasts to the end (the last half of the window rises
-    at least 40 % as fast as the whole), adds up (`HELD_MIN_RISE`, `min_rate`), and is not undone
+    at least 40 % as fast as the whole), began with the window (its first half carries at least
+    `EARLY_SHARE` of it: a batch that the tracker saw freed once and filling again at the end
+    is not a rise), adds up (`HELD_MIN_RISE`, `min_rate`), and is not undone
     between two reads (a fall as large as the rise is churn, not a leak). The trend is
     of the floors (`held_floors`: what stays held), so that temporaries built and dropped at a
     period near the reads' do not alias into a rise; at most `TREND_POINTS` of them (the pairwise
@@ -57,6 +60,7 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
     late = theil_sen(points[half:]) or 0.0
     early = theil_sen(points[: half + 1]) or 0.0
     rise = points[-1][1] - points[0][1]
+    early_rise = points[half][1] - points[0][1]
     # What a site builds and drops falls as far as it rose; reads that happen to line up with its
     # period can still make its floors climb for a while. A leak's held bytes do not fall that far.
     raw = [float(v) for v in held]
@@ -65,7 +69,7 @@ def held_trend(times: Sequence[float], held: Sequence[float], thresholds: LeakTh
     span = points[-1][0] - points[0][0]
     confidence = max(tau, 0.0) * min(1.0, len(points) / 10)
     if (rise >= HELD_MIN_RISE and slope >= thresholds.min_rate and tau >= 0.6 and late >= 0.4 * slope
-            and fall <= rise):
+            and early_rise >= EARLY_SHARE * rise and fall <= rise):
         return HeldTrend("rising", slope, confidence,
                          f"held bytes rose {format_speed(slope)} steadily for {format_duration(span)} (to {format_size(points[-1][1])})")
     if peak - points[0][1] >= HELD_MIN_RISE and early > 0 and late < 0.25 * early:
@@ -106,7 +110,8 @@ class HeldEvidence:
     only where the memory in use (malloc's bytes in use, and Python's small-object blocks, which
     malloc does not hand out) rises with it ("memory in use rising"), or where the site gained
     more than the process had in use when tracking began, which no turnover of older memory could
-    free ("outlasts turnover"). Where the memory in use was not measured, the site decides
+    free ("outlasts turnover": more than the larger of that and its RSS then, which counts what
+    the program mapped itself). Where the memory in use was not measured, the site decides
     alone ("no measure of memory in use")."""
 
     counts: bool
@@ -118,9 +123,11 @@ class HeldEvidence:
 
 
 def held_evidence(trend: HeldTrend, times: Sequence[float], held: Sequence[float],
-                  heap_times: Sequence[float], heap: Sequence[float], blocks: Sequence[float] = ()) -> HeldEvidence:
+                  heap_times: Sequence[float], heap: Sequence[float], blocks: Sequence[float] = (),
+                  resident_before: float | None = None) -> HeldEvidence:
     """Judge a rising site's held bytes (`trend`, over `times`) against the memory in use at
-    `heap_times` (`heap`: malloc's bytes in use; `blocks`: Python's small-object blocks)."""
+    `heap_times` (`heap`: malloc's bytes in use; `blocks`: Python's small-object blocks) and the
+    process's RSS when tracking began (`resident_before`)."""
     rate = max(trend.growth_bytes_per_s, 0.0)
     pairs = [(t, v, blocks[i] if i < len(blocks) else 0.0) for i, (t, v) in enumerate(zip(heap_times, heap))]
     kept = [p for p in pairs if p[0] >= HEAP_SKIP_S] or pairs
@@ -135,11 +142,13 @@ def held_evidence(trend: HeldTrend, times: Sequence[float], held: Sequence[float
                             f"the process's memory in use rose {format_speed(in_use)} meanwhile (the site "
                             f"{format_speed(rate)}): what the site holds is added, not replaced")
     gained = float(held[-1]) - min(float(v) for v in held) if held else 0.0
-    before = float(pairs[0][1]) + PYMALLOC_BLOCK_BYTES * float(pairs[0][2])
+    # What older memory could be freed is at most what the process held then: its resident memory
+    # bounds what the allocators' counts miss (what it mapped itself).
+    before = max(float(pairs[0][1]) + PYMALLOC_BLOCK_BYTES * float(pairs[0][2]), resident_before or 0.0)
     if gained > before:
         return HeldEvidence(True, "outlasts turnover",
                             f"the site gained {format_size(gained)}, more than the {format_size(before)} the process "
-                            "had in use when tracking began: no turnover of older memory explains it")
+                            "held when tracking began: no turnover of older memory explains it")
     return HeldEvidence(False, "memory in use level",
                         f"the process's memory in use stayed level ({format_speed(in_use)}) while the site rose "
                         f"{format_speed(rate)}: it replaces memory allocated before tracking (a full cache turning "
