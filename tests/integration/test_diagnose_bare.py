@@ -200,7 +200,14 @@ def assert_right(d: dict, name: str) -> None:
         assert d["verdict"] == "leak", report(d)
     elif leaks:
         assert d["verdict"] == "leak", report(d)
-        assert d["suspects"] and d["suspects"][0]["function"] == function, report(d)
+        unseen = d["evidence"].get("unseen_growth")
+        if name == "faiss" and unseen is not None:
+            # The index's buffer was not reallocated while memray tracked (it grew into the
+            # capacity it had reserved): that is said, and no site is blamed.
+            assert unseen["tracker"] == "memray" and "filled in place" in d["steps"][6]["finding"], report(d)
+            assert not d["suspects"], report(d)
+        else:
+            assert d["suspects"] and d["suspects"][0]["function"] == function, report(d)
     else:
         assert d["verdict"] == "no-leak", report(d)
 

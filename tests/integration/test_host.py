@@ -267,3 +267,15 @@ def test_following_a_process_from_the_scan_says_what_psutil_says_and_reads_its_c
     monkeypatch.setattr(psutil, "Process", None)  # the command line is the table's, read once
     again = host.detail(child.pid, seen=row)
     assert dataclasses.replace(again, status=None) == dataclasses.replace(full, status=None)
+
+
+def test_a_process_that_has_exited_but_is_not_yet_collected_is_no_sample(spawn_python):
+    """A zombie (exited, its parent has not waited for it) holds no memory: a row of it would end
+    its memory series at 0, which reads as a fall rather than as the process's end."""
+    child = spawn_python(IDLER)
+    host = HostCollector()
+    assert child.pid in {s.pid for s in host.scan()}
+    child.kill()  # not waited for: a zombie until the test's cleanup collects it
+    wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, timeout=10, what="a zombie")
+    assert child.pid not in {s.pid for s in host.scan()}
+    host.close()

@@ -65,7 +65,10 @@ def test_a_leak_of_tensors_shows_allocated_growing(spawn_python, fake_nvml):
 def test_a_growing_cache_is_not_called_a_leak(spawn_python, fake_nvml):
     child = probed(spawn_python, CUDA_CACHE_CHURN, FAKE_CUDA)
     _, evidence = watch(fake_nvml, child, 12)  # the classifier wants 10 s or more
-    assert set(evidence.allocated.known()) == {0}  # nothing stays allocated
+    # Nothing stays allocated: a read may land between a tensor's allocation and its free (a
+    # loaded machine preempts the loop there), never on one that stays.
+    allocated = sorted(evidence.allocated.known())
+    assert allocated[len(allocated) // 2] == 0 and allocated[-1] <= 5 << 20, allocated
     d = diagnose(evidence)
     assert d.memory_source == "gpu" and d.pattern == "cache-growth" and d.verdict == "no-leak", d.to_text()
 

@@ -41,6 +41,8 @@ _NAMES_KEPT = 4096
 _UNCHANGED_PASSES = 10
 VERSION_ASK_DELAY_S = 2.0  # a Python's full version is asked this long after it is first wanted
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time", "num_threads", "status"]
+_GONE = (b"Z", b"X", b"x")  # zombie or dead: exited, waiting to be collected
+_PF_EXITING = 0x4  # the kernel's flag (stat's ninth field) for a process tearing itself down
 # /proc/PID/stat's state letter in psutil's words, so that both ways of reading a process say the same
 _STATUSES = {
     b"R": "running", b"S": "sleeping", b"D": "disk-sleep", b"T": "stopped", b"t": "tracing-stop",
@@ -209,6 +211,10 @@ class HostCollector:
                 close = data.rfind(b")")
                 fields = data[close + 2 :].split()
                 if len(fields) < 22:
+                    continue
+                if fields[0] in _GONE or int(fields[6]) & _PF_EXITING:
+                    # Exiting: its memory is being torn down, a read now is no sample of what it
+                    # used (a series ending at 0 would read as a fall, not as the process's end).
                     continue
                 used = int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
                 create_time = self._boot + int(fields[19]) / ticks
