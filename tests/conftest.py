@@ -16,11 +16,12 @@ from helpers import FAKE_NVML_DIR, Tmux
 # processes rather than compute, so they overlap well. A group runs in one worker, one test at a
 # time: the diagnoses judge memory over real-time windows and must not crowd each other (the
 # other workers' tests only wait, mostly), nor share the machine with the 1 GB/s service or the
-# terminal walk's own demo and diagnosis: two such groups at most run at once (the suite's
+# terminal walk's own demo and diagnosis: three such groups at most run at once (the suite's
 # longest path is theirs); the security tests share one other user of the machine.
 GROUPS = {
     "diagnosis": ("integration/test_diagnose.py", "integration/test_diagnose_limits.py"),
     "diagnosis-libraries": ("integration/test_diagnose_libraries.py", "terminal/test_alert_to_culprit.py"),
+    "diagnosis-bare": ("integration/test_diagnose_bare.py",),
     "other-user": ("security/",),
 }
 

@@ -137,9 +137,10 @@ def test_a_leaking_service_among_idle_pythons_warm_ups_and_a_shared_buffer(spawn
 
 @pytest.mark.timeout(180)
 def test_growth_that_ends_with_its_process_is_not_a_leak(spawn_python):
-    run = spawn_python(RUN, "75")
+    # A warm-up of 8 s (alerts from 16 s of age) keeps the run short: it must outlive its alert.
+    run = spawn_python(RUN, "40")
     frames = []
-    watch = LeakWatch(thresholds=THRESHOLDS)
+    watch = LeakWatch(thresholds=THRESHOLDS, warmup_s=8.0)
     source = NodeSource(interval=0.5, thresholds=THRESHOLDS, watch=watch)
     source.start(lambda f: frames.__setitem__(slice(None), [f]))  # the latest only
     try:
