@@ -25,9 +25,9 @@ from gpuscope.core.diagnosis.evidence import (
     VerdictEvidence,
     evidence_lines,
 )
-from gpuscope.core.leak.growth import floor_growth, theil_sen
-from gpuscope.core.leak import (WARMUP_S, HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, assess, ended_run,
-                                 held_evidence, held_trend, kendall_tau, warming_up)
+from gpuscope.core.leak.growth import theil_sen
+from gpuscope.core.leak import (WARMUP_S, FloorSketch, HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, assess,
+                                 ended_run, floor_growth, held_evidence, held_trend, kendall_tau, warming_up)
 from gpuscope.core.common.markdown import md_code as _md_code, md_text as _md_text
 from gpuscope.core.common.printable import printable
 from gpuscope.core.node.command_display import short_command
@@ -788,9 +788,8 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     if rss_assessment is not None and rss_assessment.growth_bytes_per_s is None and len(rss.known()) >= 4:
         # Too short a stretch to judge (a short --duration less the tracking): its floor's slope is
         # still the best measure of the growth there is.
-        valid = [(t, v) for t, v in zip(rss.times, rss.values) if v is not None]
-        rss_assessment = replace(rss_assessment, growth_bytes_per_s=floor_growth([t for t, _ in valid],
-                                                                                  [v for _, v in valid]))
+        rss_assessment = replace(rss_assessment,
+                                 growth_bytes_per_s=floor_growth(FloorSketch.of(rss.times, rss.values), None, thresholds))
     source, memory = ("gpu", gpu_assessment) if gpu_assessment is not None else ("rss", rss_assessment)
     trends = site_trends(ev.attribution, thresholds)
     rising, site_rule = rising_sites(ev.attribution, trends)
