@@ -34,8 +34,9 @@ fine buckets for the last minute, coarser ones further back, each keeping its mi
 its maximum, its sum and its largest fall. The growth of a stretch's floor is defined once,
 `floor_growth`: the Theil-Sen slope through the minima of the floors the detector cuts (the GROW
 column and the diagnosis of a stretch too short to judge read it). A series is judged over several
-horizons (10 s, 40 s, 160 s, ... and the whole window) so that a leak that started a minute ago is seen in a long, quiet
-history; a short horizon's "leak" is ignored when a longer one sees a sawtooth (its fill phase).
+horizons (10 s, 40 s, 160 s, ... and the whole window) so that a leak that started a minute ago is
+seen in a long, quiet history; a short horizon's "leak" is ignored when a longer one sees a
+sawtooth (its fill phase).
 `assess()` does this once over given samples; `LeakWatch` keeps one sketch per series and
 re-judges incrementally, which costs O(buckets), not O(samples), per tick.
 
@@ -43,10 +44,10 @@ Pure Python; no numpy. Sizes are bytes; rates bytes per second; the texts read t
 
 The package's modules, by role (the interface is this package; the modules are private):
 `_assessment` (the thresholds and what a judgement says), `_sketch` (the floor sketch),
-`_floors` (a stretch's floors and their growth), `_analysis` (judging a series: `assess()`), `_held` (an allocation site's held bytes, and when a
-tracker has seen enough), `_life` (a process's age and life: warm-ups and runs are not leaks),
-`_watch` (the live watch), and `growth` (the robust slope, public: the
-gate and the diagnosis use it too). It uses only `gpuscope.core.common`.
+`_floors` (a stretch's floors and their growth), `_analysis` (judging a series: `assess()`),
+`_held` (an allocation site's held bytes, and when a tracker has seen enough), `_life` (a
+process's age and life: warm-ups and runs are not leaks), `_watch` (the live watch), and `growth`
+(the robust slope, public: the gate and the diagnosis use it too). It uses only `gpuscope.core.common`.
 """
 
 from gpuscope.core.leak._assessment import GROWING, LeakAssessment, LeakThresholds, PATTERNS, VERDICTS
