@@ -133,3 +133,15 @@ def test_the_grow_column_and_the_detector_read_the_same_growth():
     assert detector.pattern == "steady-growth" and detector.span_s < GROWTH_WINDOW_S, detector
     assert detector.growth_bytes_per_s == pytest.approx(2 * mb, rel=0.15)
     assert watch.recent_growth("svc", GROWTH_WINDOW_S) == detector.growth_bytes_per_s
+
+
+def test_a_stretch_too_short_to_judge_keeps_the_floor_growth_as_its_growth():
+    """A diagnosis whose untouched samples are too few to judge still gives their floor's growth,
+    the same figure the GROW column would read of those samples."""
+    from gpuscope.core.diagnosis.steps import Evidence, Series, diagnose
+
+    times = (-4.0, -3.0, -2.0, -1.0, 0.0)  # five samples: fewer than a judgement needs
+    rss = (300e6, 301e6, 306e6, 303e6, 304e6)  # 1 MB/s, one sample a burst
+    d = diagnose(Evidence(pid=4242, command="python svc.py", duration_s=5.0, rss=Series(times, rss)))
+    assert d.memory.pattern == "insufficient-data", d.memory
+    assert d.memory.growth_bytes_per_s == growth_of(times, rss) == pytest.approx(1e6, rel=0.2)
