@@ -174,6 +174,44 @@ def test_a_diagnosis_from_a_recording_without_the_typed_evidence_still_reads(tmp
     assert lines[VERDICT] and not lines[1] and not _too_precise("\n".join(lines[VERDICT]))
 
 
+# `rich_evidence()`'s service numbers as recordings made before they were two Signals hold them.
+PAIRED_SERVICE = {
+    "profile": "rag", "p95_start_s": 0.41234567891, "p95_end_s": 0.98765432109, "ttft_p95_start_s": 0.0912345678,
+    "ttft_p95_end_s": 0.2345678901, "tokens_per_s_start": 1234.5678901, "tokens_per_s_end": 812.34567891,
+    "tokens_per_request": 243.70370367299998, "kv_cache_usage": 0.41666666666666663,
+    "stages": [{"name": "retriever", "p95_start_s": 0.0123456789, "p95_end_s": 0.087654321, "share": 0.6180339887498949},
+               {"name": "llm", "p95_start_s": 0.3141592653589793, "p95_end_s": 0.3141592653589793,
+                "share": 0.3819660112501051}],
+}
+
+
+def test_a_recording_with_the_service_numbers_in_pairs_reads_as_it_did(tmp_path):
+    """A diagnosis recorded with its service numbers as start/end pairs of fields: the same numbers,
+    the same evidence lines, JSON and report as the same diagnosis recorded now."""
+    from gpuscope.core.session.codec import encode
+
+    d = diagnose(rich_evidence())
+    paired = encode(d)
+    paired["evidence"]["service"] = PAIRED_SERVICE
+    (tmp_path / "paired").mkdir()
+    path = tmp_path / "paired" / "s.gpuscope"  # the name `_recorded` gives, which the report names
+    journal = Journal(path)
+    journal.frame(frame())
+    journal.event("diagnosis", paired, T0 + 1)
+    journal.close()
+    recording = open_recording(path)
+    read = recording.findings.best_diagnosis(d.pid)
+    assert read is not None and not recording.skipped
+    service = read.evidence.service
+    assert (service.start.e2e_latency_p95_s, service.end.e2e_latency_p95_s) == (0.41234567891, 0.98765432109)
+    assert (service.start.tokens_per_s, service.end.tokens_per_s, service.end.kv_cache_usage) == (
+        1234.5678901, 812.34567891, 0.41666666666666663)
+    assert abs(service.tokens_per_request - 243.70370367299998) < 1e-9 and service.stages == d.evidence.service.stages
+    assert evidence_lines(read, NOW) == evidence_lines(d, NOW) and read.to_json() == d.to_json()
+    (tmp_path / "now").mkdir()
+    assert build_report(recording) == build_report(_recorded(tmp_path / "now", d))
+
+
 def test_a_search_from_the_console_takes_its_tracker_s_window_out_of_the_memory_trend():
     """The console adds the allocation sites to what it recorded: the window the tracker ran in is
     then on the evidence's clock, and the diagnosis never says both that no tracker ran inside the

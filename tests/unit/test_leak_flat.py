@@ -15,8 +15,7 @@ import random
 import pytest
 
 from gpuscope.core.leak import _analysis as leak
-from gpuscope.core.leak.growth import floor_growth, floor_points, theil_sen
-from gpuscope.core.leak import FloorSketch, LeakThresholds, LeakWatch
+from gpuscope.core.leak import FloorSketch, LeakThresholds, LeakWatch, floor_growth
 
 MB = 1e6
 
@@ -83,15 +82,17 @@ def test_the_watch_says_the_same_with_and_without_the_shortcut(monkeypatch):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_a_flat_floor_grows_by_what_theil_sen_finds(seed):
+def test_a_flat_floor_grows_by_what_theil_sen_finds(seed, monkeypatch):
     rnd = random.Random(seed)
+    cases = []
     for n in range(1, 40):
         t = 0.0
         times = []
         for _ in range(n):
             t += rnd.choice((0.25, 1.0, 2.0))
             times.append(t)
-        values = [7 * MB] * n
-        pts = floor_points(times, values, max(2, min(6, n // 2)))
-        full = None if n < 4 or times[-1] - times[0] < 3.0 or len(pts) < 2 else theil_sen(pts)
-        assert floor_growth(times, values) == full
+        cases.append((times, [7 * MB] * n))
+    quick = [floor_growth(FloorSketch.of(times, values)) for times, values in cases]
+    monkeypatch.setattr(FloorSketch, "flat_since", property(lambda sketch: math.inf))  # never the shortcut
+    assert [floor_growth(FloorSketch.of(times, values)) for times, values in cases] == quick
+    assert quick.count(0.0) > 20 and None in quick

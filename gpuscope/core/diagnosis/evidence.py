@@ -22,6 +22,7 @@ from typing import Protocol
 from gpuscope.core.diagnosis.attribution import Rung
 from gpuscope.core.leak import LeakAssessment
 from gpuscope.core.common.printable import printable_line
+from gpuscope.core.serving.model import Signals
 from gpuscope.core.target.stacks import Suspect
 from gpuscope.core.common.units import (
     format_ago,
@@ -77,18 +78,20 @@ class StageChange:
 
 @dataclass(frozen=True, slots=True)
 class ServiceNumbers:
-    """The service's signals at the start and the end of the window (steps 3 and 5)."""
+    """The service's signals at the start and the end of the window (steps 3 and 5): `end` the
+    latest snapshot's, `start` each signal's earliest point in the window's history (or the first
+    snapshot's); each stage's P95 at both ends."""
 
     profile: str | None = None
-    p95_start_s: float | None = None
-    p95_end_s: float | None = None
-    ttft_p95_start_s: float | None = None
-    ttft_p95_end_s: float | None = None
-    tokens_per_s_start: float | None = None
-    tokens_per_s_end: float | None = None
-    tokens_per_request: float | None = None
-    kv_cache_usage: float | None = None
+    start: Signals = Signals()
+    end: Signals = Signals()
     stages: tuple[StageChange, ...] = ()
+
+    @property
+    def tokens_per_request(self) -> float | None:
+        """Tokens per request at the end of the window (None where either rate is unknown or 0)."""
+        end = self.end
+        return end.tokens_per_s / end.requests_per_s if end.tokens_per_s and end.requests_per_s else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +239,8 @@ def evidence_lines(diagnosis: Diagnosed, now: float | None = None) -> dict[int, 
             f"PID {g.pid} {format_speed(g.growth_bytes_per_s)}" for g in ev.ranking))
     lines[6].append(f"judged on {'GPU' if ev.memory_source == 'gpu' else 'RSS'} memory: {diagnosis.pattern}, "
                     f"confidence {diagnosis.memory.confidence:.0%}")
-    if service is not None and service.kv_cache_usage is not None:
-        lines[6].append(f"KV cache {service.kv_cache_usage:.0%} full")
+    if service is not None and service.end.kv_cache_usage is not None:
+        lines[6].append(f"KV cache {service.end.kv_cache_usage:.0%} full")
     lines[6] += [_site_line(s) for s in ev.sites]
     lines[7] += [f"{r.method}: {r.status} — {printable_line(r.detail, 400)}" for r in ev.rungs]
     for i, s in enumerate(diagnosis.suspects[:5], start=1):
@@ -319,9 +322,9 @@ def _service_lines(s: ServiceNumbers) -> list[str]:
     def per_s(v: float | None) -> str:
         return "-" if v is None else f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
-    parts = [_change("P95", s.p95_start_s, s.p95_end_s, format_latency),
-             _change("TTFT P95", s.ttft_p95_start_s, s.ttft_p95_end_s, format_latency),
-             _change("tokens/s", s.tokens_per_s_start, s.tokens_per_s_end, per_s)]
+    parts = [_change("P95", s.start.e2e_latency_p95_s, s.end.e2e_latency_p95_s, format_latency),
+             _change("TTFT P95", s.start.ttft_p95_s, s.end.ttft_p95_s, format_latency),
+             _change("tokens/s", s.start.tokens_per_s, s.end.tokens_per_s, per_s)]
     line = ", ".join(p for p in parts if p)
     if s.tokens_per_request is not None:
         line += f"{', ' if line else ''}{per_s(s.tokens_per_request)} tokens per request"

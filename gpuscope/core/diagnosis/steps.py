@@ -25,15 +25,15 @@ from gpuscope.core.diagnosis.evidence import (
     VerdictEvidence,
     evidence_lines,
 )
-from gpuscope.core.leak.growth import floor_growth, theil_sen
-from gpuscope.core.leak import (WARMUP_S, HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, assess, ended_run,
-                                 held_evidence, held_trend, kendall_tau, warming_up)
+from gpuscope.core.leak.growth import theil_sen
+from gpuscope.core.leak import (WARMUP_S, FloorSketch, HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, assess,
+                                 ended_run, floor_growth, held_evidence, held_trend, kendall_tau, warming_up)
 from gpuscope.core.common.markdown import md_code as _md_code, md_text as _md_text
 from gpuscope.core.common.printable import printable
 from gpuscope.core.node.command_display import short_command
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.serving.profiles import is_model_stage, model_stages
-from gpuscope.core.serving.model import FleetRow, ServingSnapshot
+from gpuscope.core.serving.model import SIGNAL_NAMES, FleetRow, ServingSnapshot, Signals
 from gpuscope.core.target.stacks import Suspect, stack_json
 from gpuscope.core.common.units import format_bytes, format_duration, format_rate, format_size, format_speed
 
@@ -408,27 +408,22 @@ def step_host(ev: Evidence, th: LeakThresholds, gpu: LeakAssessment | None) -> t
     return Step(2, title, status, f"RSS is {a.pattern} ({_rate(a)}): {a.reason}.", evidence=evidence), a
 
 
-def _signal_change(start: ServingSnapshot | None, end: ServingSnapshot, name: str) -> tuple[float | None, float | None]:
-    """The signal at the start of the window (the earliest point of the history) and now."""
-    points = [v for _, v in end.series(name) if v is not None]
-    first = points[0] if points else (start.signals.get(name) if start else None)
-    return first, end.signals.get(name)
-
-
 def service_numbers(ev: Evidence) -> ServiceNumbers | None:
-    """The service's signals at the start and the end of the window (None: no answer at all)."""
+    """The service's signals at the start and the end of the window (None: no answer at all): at
+    the start, each signal's earliest point in the end snapshot's history, else the start
+    snapshot's."""
     end = ev.serving_end
     if end is None or (not end.ok and end.as_of is None):
         return None
+    before = ev.serving_start.signals if ev.serving_start else None
+
+    def first(name: str) -> float | None:
+        points = [v for _, v in end.series(name) if v is not None]
+        return points[0] if points else (before.get(name) if before else None)
+
     start = {st.name: st for st in ev.serving_start.stages} if ev.serving_start else {}
-    s = end.signals
-    p95, ttft, tps = (_signal_change(ev.serving_start, end, name)
-                      for name in ("e2e_latency_p95_s", "ttft_p95_s", "tokens_per_s"))
     return ServiceNumbers(
-        profile=end.profile, p95_start_s=p95[0], p95_end_s=p95[1], ttft_p95_start_s=ttft[0], ttft_p95_end_s=ttft[1],
-        tokens_per_s_start=tps[0], tokens_per_s_end=tps[1],
-        tokens_per_request=s.tokens_per_s / s.requests_per_s if s.tokens_per_s and s.requests_per_s else None,
-        kv_cache_usage=s.kv_cache_usage,
+        profile=end.profile, start=Signals(**{name: first(name) for name in SIGNAL_NAMES}), end=end.signals,
         stages=tuple(StageChange(st.name, start[st.name].p95_s if st.name in start else None, st.p95_s, st.share)
                      for st in end.stages))
 
@@ -463,11 +458,11 @@ def step_throughput(ev: Evidence, service: ServiceNumbers | None = None) -> Step
     n = service or service_numbers(ev)
     assert n is not None  # the source answered
     per_request = n.tokens_per_request
-    p95_then, p95_now = n.p95_start_s, n.p95_end_s
-    ttft_then, ttft_now = n.ttft_p95_start_s, n.ttft_p95_end_s
-    tps_then, tps_now = n.tokens_per_s_start, n.tokens_per_s_end
+    p95_then, p95_now = n.start.e2e_latency_p95_s, n.end.e2e_latency_p95_s
+    ttft_then, ttft_now = n.start.ttft_p95_s, n.end.ttft_p95_s
+    tps_then, tps_now = n.start.tokens_per_s, n.end.tokens_per_s
     evidence = {
-        "profile": end.profile, "signals": end.signals.to_json(), "tokens_per_request": per_request,
+        "profile": n.profile, "signals": n.end.to_json(), "tokens_per_request": per_request,
         "p95_start_s": p95_then, "ttft_p95_start_s": ttft_then, "tokens_per_s_start": tps_then,
     }
     worse = []
@@ -788,9 +783,8 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     if rss_assessment is not None and rss_assessment.growth_bytes_per_s is None and len(rss.known()) >= 4:
         # Too short a stretch to judge (a short --duration less the tracking): its floor's slope is
         # still the best measure of the growth there is.
-        valid = [(t, v) for t, v in zip(rss.times, rss.values) if v is not None]
-        rss_assessment = replace(rss_assessment, growth_bytes_per_s=floor_growth([t for t, _ in valid],
-                                                                                  [v for _, v in valid]))
+        rss_assessment = replace(rss_assessment,
+                                 growth_bytes_per_s=floor_growth(FloorSketch.of(rss.times, rss.values), None, thresholds))
     source, memory = ("gpu", gpu_assessment) if gpu_assessment is not None else ("rss", rss_assessment)
     trends = site_trends(ev.attribution, thresholds)
     rising, site_rule = rising_sites(ev.attribution, trends)

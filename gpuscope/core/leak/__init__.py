@@ -31,10 +31,12 @@ jump carrying most of the rise (bursts back to back are not a ramp). Growth that
 
 Samples are summarised as they arrive into a bounded, multi-resolution sketch (`FloorSketch`):
 fine buckets for the last minute, coarser ones further back, each keeping its minimum (and when),
-its maximum, its sum and its largest fall. (`growth.floor_points` slices raw samples afresh on
-every call; the sketch keeps the same windowed minima incrementally, in bounded memory.) A series is judged over several horizons (10 s, 40 s, 160 s,
-... and the whole window) so that a leak that started a minute ago is seen in a long, quiet
-history; a short horizon's "leak" is ignored when a longer one sees a sawtooth (its fill phase).
+its maximum, its sum and its largest fall. The growth of a stretch's floor is defined once,
+`floor_growth`: the Theil-Sen slope through the minima of the floors the detector cuts (the GROW
+column and the diagnosis of a stretch too short to judge read it). A series is judged over several
+horizons (10 s, 40 s, 160 s, ... and the whole window) so that a leak that started a minute ago is
+seen in a long, quiet history; a short horizon's "leak" is ignored when a longer one sees a
+sawtooth (its fill phase).
 `assess()` does this once over given samples; `LeakWatch` keeps one sketch per series and
 re-judges incrementally, which costs O(buckets), not O(samples), per tick.
 
@@ -42,14 +44,15 @@ Pure Python; no numpy. Sizes are bytes; rates bytes per second; the texts read t
 
 The package's modules, by role (the interface is this package; the modules are private):
 `_assessment` (the thresholds and what a judgement says), `_sketch` (the floor sketch),
-`_analysis` (judging a series: `assess()`), `_held` (an allocation site's held bytes, and when a
-tracker has seen enough), `_life` (a process's age and life: warm-ups and runs are not leaks),
-`_watch` (the live watch), and `growth` (the robust slope, public: the
-gate and the diagnosis use it too). It uses only `gpuscope.core.common`.
+`_floors` (a stretch's floors and their growth), `_analysis` (judging a series: `assess()`),
+`_held` (an allocation site's held bytes, and when a tracker has seen enough), `_life` (a
+process's age and life: warm-ups and runs are not leaks), `_watch` (the live watch), and `growth`
+(the robust slope, public: the gate and the diagnosis use it too). It uses only `gpuscope.core.common`.
 """
 
 from gpuscope.core.leak._assessment import GROWING, LeakAssessment, LeakThresholds, PATTERNS, VERDICTS
 from gpuscope.core.leak._sketch import FloorSketch
+from gpuscope.core.leak._floors import floor_growth
 from gpuscope.core.leak._analysis import assess, kendall_tau
 from gpuscope.core.leak._held import HELD_MIN_RISE, HeldEvidence, HeldTrend, SETTLE_HORIZON_S, SETTLE_MIN_POINTS, SETTLE_MIN_S, SETTLE_SKIP_S, SETTLE_TAU, Settled, held_evidence, held_trend, tracking_settled
 from gpuscope.core.leak._watch import LeakAlert, LeakWatch
@@ -78,6 +81,7 @@ __all__ = [
     "as_ended_run",
     "ended_run",
     "assess",
+    "floor_growth",
     "held_evidence",
     "held_trend",
     "kendall_tau",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from gpuscope.core.leak.growth import theil_sen, thinned
 from gpuscope.core.common.units import format_duration, format_size, format_speed
 from gpuscope.core.leak._assessment import GROWING, LeakAssessment, LeakThresholds
+from gpuscope.core.leak._floors import _floor_count, _slices, floors_of
 from gpuscope.core.leak._sketch import FloorSketch, _Bucket, _median
 
 
@@ -80,22 +81,6 @@ def _judge(sketch: FloorSketch, th: LeakThresholds,
         if view is not None:
             views.append(view)
     return _combine(views) if views else None
-
-
-def _floors(buckets: Sequence[_Bucket], count: int) -> list[_Bucket]:
-    """Merge buckets into `count` equal time slices (empty slices are skipped): the floors."""
-    t0 = buckets[0].t_first
-    width = (buckets[-1].t_last - t0) / count
-    out: list[_Bucket] = []
-    last_k = -1
-    for b in buckets:
-        k = min(int((b.t_first - t0) / width), count - 1) if width > 0 else 0
-        if k == last_k:
-            out[-1].merge(b)
-        else:
-            out.append(b.copy())
-            last_k = k
-    return out
 
 
 def kendall_tau(points: Sequence[tuple[float, float]]) -> float:
@@ -199,28 +184,13 @@ def _analyse_flat(buckets: list[_Bucket], horizon: float, th: LeakThresholds) ->
     span = t_end - t_start
     if n < th.min_samples or span < th.min_span_s - 1e-9:
         return None  # too little data: `_analyse` says so
-    count = max(th.min_floors, min(th.max_floors, n // th.samples_per_floor))
-    m = _floor_count(buckets, count)
+    m = _floor_count(buckets, _slices(n, th))
     if m < 4:
         return None
     tol = max(th.flat_bytes, th.noise_factor * 0.0)
     a = LeakAssessment("no-leak", "flat", 0.0, min(max(_evidence(m, span, th), 0.0), 1.0), t_start, None, v, v, n,
                        span, f"floor flat (within {format_size(tol)}) for {format_duration(span)}")
     return _View(a, horizon, span, False, v, False)
-
-
-def _floor_count(buckets: Sequence[_Bucket], count: int) -> int:
-    """How many floors `_floors(buckets, count)` makes."""
-    t0 = buckets[0].t_first
-    width = (buckets[-1].t_last - t0) / count
-    m = 0
-    last_k = -1
-    for b in buckets:
-        k = min(int((b.t_first - t0) / width), count - 1) if width > 0 else 0
-        if k != last_k:
-            m += 1
-            last_k = k
-    return m
 
 
 def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_value: float, noise: float,
@@ -244,39 +214,8 @@ def _analyse(buckets: list[_Bucket], horizon: float, th: LeakThresholds, ref_val
         return view("inconclusive", "insufficient-data", None, 0.0, None,
                     f"only {n} sample{'s' if n != 1 else ''} over {format_duration(span)}; "
                     f"need {th.min_samples} over {format_duration(th.min_span_s)}")
-    # A sawtooth (batch buffers filled and freed): memory falls back by a big step again and again
-    # - steps that noise does not make: 8 sample sigmas, and at least `sawtooth_min_swing` - and
-    # between two falls it sits well above where they landed: in the median cycle, on average by
-    # at least 0.3 of a typical fall (a filled-then-freed buffer: about half) and by more than noise
-    # puts a mean above a minimum (4 sigmas). A cycle is measured from the middle of the two landings that bracket it, so a floor
-    # that rises does not count as lift. Occasional bursts fall back too, but between them memory
-    # is rarely up. It takes three falls (two cycles), spread over a third of the horizon at least.
-    big = max(th.sawtooth_min_swing, 8 * noise)
-    falls = [b for b in buckets if b.max_drop >= big]
-    swing = 0.0
-    if len(falls) >= 3 and falls[-1].t_last - falls[0].t_first >= span / 3:
-        lifts = []
-        cycle_n = cycle_sum = 0.0
-        landed = None
-        for b in buckets:
-            if landed is not None:
-                cycle_n += b.n
-                cycle_sum += b.s1
-            if b.max_drop >= big:
-                if landed is not None:
-                    lifts.append(ref_value + cycle_sum / cycle_n - (landed + b.v_min) / 2)
-                landed = b.v_min
-                cycle_n = cycle_sum = 0.0
-        typical = _median([b.max_drop for b in falls])
-        if _median(lifts) >= max(0.3 * typical, 4 * noise):
-            swing = typical
+    floors, swing = floors_of(buckets, th, ref_value, lambda: noise)
     swinging = swing > 0
-    count = max(th.min_floors, min(th.max_floors, n // th.samples_per_floor))
-    if swinging and len(falls) >= 3:
-        # Each floor must hold a whole cycle, or floors catch fill phases: about span / falls long
-        # (a coarse bucket holding several falls counts once, but floors are that wide anyway).
-        count = max(4, min(count, int(len(falls) / 1.5)))
-    floors = _floors(buckets, count)
     m = len(floors)
     if m < 4:
         return view("inconclusive", "insufficient-data", None, 0.0, None,
@@ -505,19 +444,6 @@ def _with_torch(primary: LeakAssessment, allocated: LeakAssessment | None,
 # --- one-shot -------------------------------------------------------------------------------------
 
 
-def _sketch_of(times: Sequence[float], values: Sequence[float | None]) -> FloorSketch:
-    valid = [(t, v) for t, v in zip(times, values) if v is not None and not math.isnan(v)]
-    width = 1.0
-    if len(valid) >= 2 and valid[-1][0] > valid[0][0]:
-        width = (valid[-1][0] - valid[0][0]) / (len(valid) - 1)
-    # Finer than the live watch's sketch (it is built once): a step two hours back is placed to
-    # within 16 samples' time, not 256.
-    sketch = FloorSketch(bucket_s=max(width, 1e-6), per_level=1024)
-    for t, v in valid:
-        sketch.add(t, v)
-    return sketch
-
-
 def assess(
     times: Sequence[float],
     values: Sequence[float | None],
@@ -540,7 +466,7 @@ def assess(
     for name, extra in (("allocated", allocated), ("reserved", reserved)):
         if extra is not None and len(extra) != len(times):
             raise ValueError(f"{name} must have one value per time")
-    sketch = _sketch_of(times, values)
+    sketch = FloorSketch.of(times, values)
     primary = _finish(_judge(sketch, thresholds), sketch, total_bytes)
     if allocated is None:
         return primary
@@ -548,7 +474,7 @@ def assess(
     def side(series: Sequence[float | None] | None) -> LeakAssessment | None:
         if series is None:
             return None
-        s = _sketch_of(times, series)
+        s = FloorSketch.of(times, series)
         return _finish(_judge(s, thresholds), s, None)
 
     return _with_torch(primary, side(allocated), side(reserved))

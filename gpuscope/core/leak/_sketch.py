@@ -202,6 +202,20 @@ class FloorSketch:
         self._steps = _Runs(maxlen=256)  # the latest steps between samples
         self._flat_since = math.inf  # time of the first of the latest samples that all have one value
 
+    @classmethod
+    def of(cls, times: Sequence[float], values: Sequence[float | None]) -> FloorSketch:
+        """A sketch of given samples (None or NaN where not available), buckets one sampling
+        interval wide: finer than the live watch's (it is built once), so a step two hours back is
+        placed to within 16 samples' time, not 256."""
+        valid = [(t, v) for t, v in zip(times, values) if v is not None and not math.isnan(v)]
+        width = 1.0
+        if len(valid) >= 2 and valid[-1][0] > valid[0][0]:
+            width = (valid[-1][0] - valid[0][0]) / (len(valid) - 1)
+        sketch = cls(bucket_s=max(width, 1e-6), per_level=1024)
+        for t, v in valid:
+            sketch.add(t, v)
+        return sketch
+
     def __len__(self) -> int:
         """Number of buckets held (the memory bound)."""
         return sum(len(level) for level in self._levels)

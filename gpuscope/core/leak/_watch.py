@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 
-from gpuscope.core.leak.growth import floor_growth
 from gpuscope.core.leak._assessment import LeakAssessment, LeakThresholds
+from gpuscope.core.leak._floors import floor_growth
 from gpuscope.core.leak._sketch import FloorSketch
 from gpuscope.core.leak._life import SERVICE_LIFE_S, WARMUP_S, as_ended_run, as_warming_up, ended_run, warming_up
 from gpuscope.core.leak._analysis import _View, _finish, _judge, _with_torch
@@ -156,14 +156,13 @@ class LeakWatch:
 
     def recent_growth(self, key: Hashable, window_s: float) -> float | None:
         """Growth per second of the series' floor over its last `window_s` seconds of data (the
-        console's GROW column), or None while there is too little data: `growth.floor_growth`
-        through the minima of the sketch's buckets, the floors the alerts are judged on."""
+        console's GROW column), or None while there is too little data: `floor_growth` of the
+        sketch the alerts are judged on, the slope the detector fits through the same floors."""
         s = self._series.get(key)
         last = s.sketch.last_time if s is not None else None
         if s is None or last is None:
             return None
-        buckets = s.sketch.recent(last - window_s)
-        return floor_growth([b.t_min for b in buckets], [b.v_min for b in buckets])
+        return floor_growth(s.sketch, last - window_s, self.thresholds)
 
     def assessment(self, key: Hashable) -> LeakAssessment | None:
         s = self._series.get(key)

@@ -66,14 +66,17 @@ class Decoder:
     in `checks`, against what the name says (`checks["pid"](value)` true for a usable PID, say);
     `default_check` is for every other field. `finite`: every float is a finite number (an
     infinity where None may be is None: not known), for readers that do arithmetic on what they
-    are given.
+    are given. `upgrades[cls]` turns an object of `cls` as an older gpuscope wrote it (fields since
+    renamed or regrouped) into the current form, before it is decoded and checked.
 
     Each type is turned into a decoding function once: reading an hour of frames costs little
     more than parsing them."""
 
     def __init__(self, checks: Mapping[str, Callable[[Any], bool]] | None = None, *,
-                 default_check: Callable[[Any], bool] | None = None, finite: bool = False) -> None:
+                 default_check: Callable[[Any], bool] | None = None, finite: bool = False,
+                 upgrades: Mapping[type, Callable[[dict], dict]] | None = None) -> None:
         self._checks = dict(checks or {})
+        self._upgrades = dict(upgrades or {})
         self._default_check = default_check
         self._finite = finite
         self._compiled: dict[Any, Callable[[Any], Any]] = {}
@@ -160,10 +163,13 @@ class Decoder:
         names = {f.name for f in dataclasses.fields(tp)}
         checks = {name: self._checks.get(name, self._default_check) for name in names}
         fields: dict[str, Callable[[Any], Any]] = {}  # filled on first use: a class may contain itself
+        upgrade = self._upgrades.get(tp)
 
         def record(data: Any) -> Any:
             if not isinstance(data, dict):
                 raise DecodeError(f"expected an object for {tp.__name__}, not {_shown(data)}")
+            if upgrade is not None:
+                data = upgrade(data)
             kwargs = {}
             for name, raw in data.items():
                 decoder = fields.get(name)

@@ -32,6 +32,7 @@ from typing import Any
 from gpuscope.core.diagnosis.attribution import Attribution
 from gpuscope.core.common.atomic import kind_of
 from gpuscope.core.common.units import format_size
+from gpuscope.core.diagnosis.evidence import ServiceNumbers
 from gpuscope.core.diagnosis.steps import Diagnosis
 from gpuscope.core.node.model import Frame, MemorySeries, ProcessRow
 from gpuscope.core.serving.model import ServingSnapshot, SignalPoint
@@ -96,7 +97,38 @@ FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     **dict.fromkeys(("growth_bytes_per_s", "gpu_growth_bytes_per_s", "rss_growth_bytes_per_s", "growth_mib_per_s",
                      "since", "times", "temperature", "bytes"), _any),
 }
-READER = Decoder(FIELD_CHECKS, default_check=_not_negative, finite=True)
+# A ServiceNumbers was recorded as start/end pairs of fields of its own before it held two Signals.
+_SERVICE_PAIRS = {"p95_start_s": ("start", "e2e_latency_p95_s"), "p95_end_s": ("end", "e2e_latency_p95_s"),
+                  "ttft_p95_start_s": ("start", "ttft_p95_s"), "ttft_p95_end_s": ("end", "ttft_p95_s"),
+                  "tokens_per_s_start": ("start", "tokens_per_s"), "tokens_per_s_end": ("end", "tokens_per_s"),
+                  "kv_cache_usage": ("end", "kv_cache_usage")}
+
+
+def _paired_service_numbers(data: dict) -> dict:
+    """A ServiceNumbers recorded as pairs of fields, in its present form: the pairs make the start's
+    and the end's Signals, and its tokens per request (now worked out from the end's rates) gives
+    back the end's request rate. Any other object is returned as it is."""
+    old = [key for key in (*_SERVICE_PAIRS, "tokens_per_request") if key in data]
+    if not old or "start" in data or "end" in data:
+        return data
+    out = {key: value for key, value in data.items() if key not in old}
+    sides: dict[str, dict] = {"start": {}, "end": {}}
+    for key, (side, name) in _SERVICE_PAIRS.items():
+        if key in data:
+            sides[side][name] = data[key]
+    tokens: Any = sides["end"].get("tokens_per_s")
+    per_request: Any = data.get("tokens_per_request")
+    if _positive(tokens) and _positive(per_request) and math.isfinite(tokens / per_request):
+        sides["end"]["requests_per_s"] = tokens / per_request
+    return {**out, **sides}
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+READER = Decoder(FIELD_CHECKS, default_check=_not_negative, finite=True,
+                 upgrades={ServiceNumbers: _paired_service_numbers})
 
 
 def checked(cls: type, data: Any):
