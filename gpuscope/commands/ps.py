@@ -45,11 +45,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for line in (frame.nvml.status, *frame.notices):
         if line:
             print(f"# {printable(line)}", file=sys.stderr)
-    print(f"{'PID':>7} {'USER':<10} {'GPU':>3} {'GPU MEM':>8} {'RSS':>8} {'CPU%':>6}  COMMAND")
+    # Where each runs (its systemd unit or container) in a column of its own, before the command
+    # line, which stays whole for whoever copies it.
+    where = {r.key: printable(r.runs_in) or "-" for r in rows}
+    width = max([len("RUNS IN"), *(len(w) for w in where.values())])
+    print(f"{'PID':>7} {'USER':<10} {'GPU':>3} {'GPU MEM':>8} {'RSS':>8} {'CPU%':>6}  {'RUNS IN':<{width}}  COMMAND")
     for r in rows:
         gpu = "-" if r.gpu is None else str(r.gpu)
         gmem = "-" if r.gpu is None else format_bytes(r.gpu_memory_bytes)
         cpu = "" if r.cpu_percent is None else f"{r.cpu_percent:.1f}"
         user = printable(r.user or "?")[:10]
-        print(f"{r.pid:>7} {user:<10} {gpu:>3} {gmem:>8} {format_bytes(r.rss_bytes):>8} {cpu:>6}  {printable(r.command)}")
+        print(f"{r.pid:>7} {user:<10} {gpu:>3} {gmem:>8} {format_bytes(r.rss_bytes):>8} {cpu:>6}  {where[r.key]:<{width}}  {printable(r.command)}")
     return 0

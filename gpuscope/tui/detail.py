@@ -39,6 +39,8 @@ class ProcessPanel(ThemedPanel, TextLines):
         else:
             rows = [r for r in frame.processes if r.pid == d.pid]
             text.append(f"PID {d.pid}", style="bold")
+            if d.runs_in:
+                text.append(f" in {printable(d.runs_in)}", style="bold")
             if d.exited:
                 text.append("  ✖ exited", style=f"bold {self.palette.error}")
             elif d.status:
@@ -98,7 +100,8 @@ class CommandLineScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         r = self.row
-        text = Text.assemble((f"PID {r.pid}", "bold"), f"  user {printable(r.user or '?')}\n\n")
+        text = Text.assemble((f"PID {r.pid}", "bold"), f"  user {printable(r.user or '?')}",
+                             f"  in {printable(r.runs_in)}\n\n" if r.runs_in else "\n\n")
         text.append(printable(r.command) or "(no command line)")
         text.append("\n\nEsc: close", style="dim")
         with VerticalScroll():

@@ -55,7 +55,8 @@ GROWTH_SHOWN = 50_000  # bytes/s below which growth reads as noise, not a trend 
 
 def matches(row: ProcessRow, text: str) -> bool:
     needle = text.lower()
-    return not needle or needle in row.command.lower() or needle in (row.user or "").lower() or needle == str(row.pid)
+    return (not needle or needle in row.command.lower() or needle in (row.user or "").lower()
+            or needle in row.runs_in.lower() or needle == str(row.pid))
 
 
 def row_cells(row: ProcessRow, growth_style: str) -> dict[str, tuple[str, str]]:
@@ -75,7 +76,7 @@ def row_cells(row: ProcessRow, growth_style: str) -> dict[str, tuple[str, str]]:
         "rss": (format_bytes(row.rss_bytes), ""),
         "growth": grow,
         "cpu": ("" if row.cpu_percent is None else f"{row.cpu_percent:.0f}", ""),
-        "command": (shown_command(row.command), ""),
+        "command": (shown_command(row.command, row.runs_in), ""),
     }
 
 

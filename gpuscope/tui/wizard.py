@@ -211,7 +211,7 @@ class WizardScreen(ThemedPanel, Screen[None]):
         verdict_style = {"leak": f"bold {p.error}", "no-leak": f"bold {p.success}"}.get(d.verdict, f"bold {p.warning}")
         text = Text.assemble(
             (f"Diagnosis of PID {d.pid}", "bold"),
-            (f" ({short_command(d.command, NAME_CELLS)})" if d.command else "", "bold"),
+            (f" ({short_command(d.command, NAME_CELLS, d.runs_in)})" if d.command else "", "bold"),
             ": ",
             (f"{d.verdict}", verdict_style),
             f" ({d.pattern}) · {d.memory_source} memory over {d.duration_s:.0f} s of what the console recorded",

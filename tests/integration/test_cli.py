@@ -1,11 +1,15 @@
 """The command line: contracts and one-line errors, run as a real subprocess."""
 
 import json
+import os
 import subprocess
+import uuid
+from pathlib import Path
 
 from gpuscope import __version__
+from gpuscope.core.node.cgroup import parse_cgroup
 
-from helpers import IDLER, fake_nvml_env, gpuscope_cmd
+from helpers import IDLER, fake_nvml_env, gpuscope_cmd, wait_until
 
 
 def run(*args, **kw):
@@ -68,6 +72,56 @@ def test_ps_text_and_json_list_a_child_without_its_secrets(spawn_python, tmp_pat
     assert mine and mine[0]["gpu"] is None and mine[0]["gpu_memory_bytes"] is None and mine[0]["rss_bytes"] > 0
     assert "abc123" not in text.stdout + json.dumps(rows) and "hunter2" not in text.stdout + json.dumps(rows)
     assert text.stderr.count("NVML unavailable") == 1 and "NVML unavailable" not in text.stdout  # said once, not where scripts read
+
+
+def _place_in_a_unit(pid: int) -> Path | None:
+    """Move `pid` into a new cgroup named as a systemd service, where this user may (root, with a
+    cgroup hierarchy mounted writable); the cgroup's folder, or None."""
+    name = f"gpuscope-test-{uuid.uuid4().hex[:8]}.service"
+    for root in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        folder = Path(root) / name
+        try:
+            folder.mkdir()
+        except OSError:
+            continue
+        try:
+            if not (folder / "cgroup.procs").exists():  # a plain folder (the tmpfs above v1's hierarchies)
+                raise OSError
+            (folder / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            folder.rmdir()
+            continue
+        return folder
+    return None
+
+
+def test_ps_says_where_a_real_process_runs(spawn_python):
+    child = spawn_python(BIG_IDLER)
+    folder = _place_in_a_unit(child.pid)
+    try:
+        with open(f"/proc/{child.pid}/cgroup", "rb") as f:
+            expected = parse_cgroup(f.read()).name
+        if folder is not None:  # otherwise: wherever this machine runs it (often nowhere named)
+            assert expected == folder.name
+        rows = json.loads(run("ps", "--json").stdout)
+        mine = [r for r in rows if r["pid"] == child.pid]
+        assert mine and all(r["runs_in"] == expected for r in mine), mine
+        text = run("ps").stdout
+        line = next(line for line in text.splitlines() if line.split()[:1] == [str(child.pid)])
+        assert f"  {expected or '-'}  " in line and "RUNS IN" in text.splitlines()[0]
+    finally:
+        child.kill()
+        child.wait()
+        if folder is not None:
+            wait_until(lambda: _removed(folder), timeout=10, what="the test's cgroup to be removed")
+
+
+def _removed(folder: Path) -> bool:
+    try:
+        os.rmdir(folder)
+    except OSError:
+        return not folder.exists()
+    return True
 
 
 def test_global_flags_are_taken_before_or_after_the_command(tmp_path):

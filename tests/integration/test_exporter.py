@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscope.core.fleet.exporter import choose_exported, parse_cgroup
+from gpuscope.core.fleet.exporter import choose_exported
+from gpuscope.core.node.cgroup import parse_cgroup
 from gpuscope.core.node.host import HostProcess
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.fleet.rules import render_rules
@@ -149,17 +150,30 @@ def test_choose_exported_keeps_the_top_of_each_ranking_and_every_alert():
     assert chosen == [1, 3, 4, 6]  # GPU: 1; RSS: 6; growth: 3; alert: 4
 
 
-def test_cgroup_names_the_pod_and_the_container():
-    systemd = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901"
-               ".slice/cri-containerd-" + "ab" * 32 + ".scope\n")
-    cgroupfs = "12:memory:/kubepods/besteffort/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/" + "cd" * 32 + "\n"
-    for text, container in ((systemd, "ab" * 32), (cgroupfs, "cd" * 32)):
-        cg = parse_cgroup(text)
-        assert cg.pod_uid == "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
-        assert cg.container_id == container
-    docker = parse_cgroup("0::/system.slice/docker-" + "ef" * 32 + ".scope\n")
-    assert (docker.pod_uid, docker.container_id) == ("", "ef" * 32)
-    assert parse_cgroup("0::/user.slice/user-0.slice/session-3.scope\n") == parse_cgroup("")
+def test_the_process_series_name_its_pod_container_and_where_it_runs():
+    # The host collector reads each process's cgroup once (gpuscope.core.node.cgroup): every series
+    # carries the pod and the container, the info series also the short name the console shows.
+    from gpuscope.core.fleet.exporter import NodeCollector
+    from gpuscope.core.leak import LeakWatch
+    from gpuscope.core.node.model import Frame, NvmlReading, ProcessRow
+
+    pod = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
+    cgroup = parse_cgroup(("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + pod.replace("-", "_")
+                           + ".slice/cri-containerd-" + "ab" * 32 + ".scope\n").encode())
+    unit = parse_cgroup(b"0::/system.slice/rag\x1b[2J.service\n")
+    procs = (HostProcess(4242, 1.0, "svc", "python", "python serve.py", 10_000_000, 0.0, True, cgroup=cgroup),
+             HostProcess(4243, 1.0, "svc", "python", "python rag.py", 20_000_000, 0.0, True, cgroup=unit))
+    rows = tuple(ProcessRow(p.pid, "svc", None, None, p.rss_bytes, 0.0, p.command, runs_in=p.cgroup.name) for p in procs)
+    collector = NodeCollector("node-a", clock=lambda: 1000.0)
+    collector.accept(Frame(1000.0, "node-a", None, NvmlReading(status="NVML unavailable: no NVIDIA driver"), rows),
+                     procs, LeakWatch())
+    families = _exposition(collector)
+    info = {s.labels["pid"]: s.labels for s in families["gpuscope_process_info"]}
+    assert (info["4242"]["pod_uid"], info["4242"]["container_id"]) == (pod, "ab" * 32)
+    assert info["4242"]["runs_in"] == "pod:1b2c3d4e/ctr:" + "ab" * 6
+    assert info["4243"]["runs_in"] == "rag␛[2J.service" and info["4243"]["container_id"] == ""
+    rss = {s.labels["pid"]: s.labels for s in families["gpuscope_process_resident_memory_bytes"]}
+    assert rss["4242"]["pod_uid"] == pod and "runs_in" not in rss["4242"]  # on the info series only
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -31,6 +31,7 @@ from frames import T0, frame, rows
 OSC_TITLE = "\x1b]0;pwned\x07"
 COMMAND = (f"run ``` `x` | y {OSC_TITLE} [link](http://evil.example) <img src=x onerror=alert(1)> "
            "*bold* _u_ $x$ ~~s~~ &amp; # not a heading")
+RUNS_IN = f"a|b`{OSC_TITLE}.service"  # a recording may say anything there
 PARSER = MarkdownIt("commonmark").enable("table")
 
 
@@ -49,11 +50,12 @@ def recording(tmp_path, command: str, name: str = "session.gpuscope"):
     base = frame(
         hostname=f"node`{OSC_TITLE}",
         chart=None,
-        focus=replace(frame().focus, command=command),
+        focus=replace(frame().focus, command=command, runs_in=RUNS_IN),
         nvml=replace(frame().nvml, devices=(Device(0, "GPU *x* | y", memory_used=2**30, memory_total=2**34),)),
     )
     for i in range(30):
-        procs = tuple(replace(r, command=command, user="ev|l`", rss_bytes=2**30 + i * 8 * 2**20) if r.pid == 4242 else r
+        procs = tuple(replace(r, command=command, user="ev|l`", runs_in=RUNS_IN, rss_bytes=2**30 + i * 8 * 2**20)
+                      if r.pid == 4242 else r
                       for r in rows())
         journal.frame(replace(base, time=T0 + i, processes=procs))
         journal.serving(ServingSnapshot(
@@ -88,7 +90,7 @@ def test_a_hostile_recording_makes_a_well_formed_report(tmp_path):
 
     table_rows = _table_rows(parsed)
     process_row = next(r for r in table_rows if r[0] == "4242")
-    assert len(process_row) == 7 and process_row[1] == "ev|l`"
+    assert len(process_row) == 8 and process_row[1] == "ev|l`" and process_row[6] == printable(RUNS_IN)
     gpu_row = next(r for r in table_rows if r[0] == "0" and len(r) == 5)
     assert gpu_row[1] == "GPU *x* | y"
     assert ["ret|riever `x`", "0.2", "100%"] in table_rows

@@ -108,7 +108,7 @@ def test_a_moment_ahead_of_the_readers_clock_is_just_now_never_a_negative_age():
 def test_the_evidence_survives_a_recording_and_its_json_keeps_the_contract(tmp_path):
     d = diagnose(rich_evidence())
     out = d.to_json()
-    assert list(out) == ["schema", "pid", "command", "duration_s", "verdict", "pattern", "memory", "steps", "suspects",
+    assert list(out) == ["schema", "pid", "command", "runs_in", "duration_s", "verdict", "pattern", "memory", "steps", "suspects",
                          "evidence", "instrument"]
     assert out["evidence"]["decided_by"] in ("memory trend", "allocation sites", "both")
     assert out["evidence"]["excluded_s"][0] < 0 and out["instrument"]["from"] == "gpuscope's own packages"

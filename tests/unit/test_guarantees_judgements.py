@@ -157,3 +157,17 @@ def test_the_fleet_source_asks_only_between_start_and_pause():
     finally:
         source.stop()
         witness.stop()
+
+
+def test_the_diagnosis_names_where_the_process_runs():
+    # Step 4 asks the operator to confirm the service: its unit or container is in its name, for the
+    # process under diagnosis and for another that grows faster.
+    rates = {4242: 6 * MB, 5100: 9 * MB}
+    hosts = tuple(replace(_host_row(p, g), runs_in="docker:4f0c5d1e2a3b" if p == 5100 else "") for p, g in rates.items())
+    ev = replace(leaking_evidence(4242, rate=rates[4242]), processes=hosts, runs_in="rag.service")
+    d = diagnose(ev)
+    step = d.steps[3]
+    assert step.finding.startswith("PID 5100 (worker_5100.py · docker:4f0c5d1e2a3b · python)"), step.finding
+    assert "PID 4242 (serve.py --api-key *** · rag.service · python)" in step.finding, step.finding
+    assert d.runs_in == "rag.service" and d.to_json()["runs_in"] == "rag.service"
+    assert "runs in: `rag.service`" in d.to_text()

@@ -30,12 +30,12 @@ from gpuscope.tui.wizard import WizardScreen
 MIB = 2**20
 
 
-def leaking_session(tmp_path, n=120):
+def leaking_session(tmp_path, n=120, runs_in=""):
     """A recorded session: process 4242 gains 5 MiB a second (GPU and RSS), the service slows, a dump was taken."""
     frames = []
     for f in session_frames(n):
         i = int(f.time - T0)
-        procs = tuple(replace(r, rss_bytes=2**30 + i * 5 * MIB, gpu_memory_bytes=60 * 2**30 + i * 5 * MIB)
+        procs = tuple(replace(r, rss_bytes=2**30 + i * 5 * MIB, gpu_memory_bytes=60 * 2**30 + i * 5 * MIB, runs_in=runs_in)
                       if r.pid == 4242 else r for r in f.processes)
         frames.append(replace(f, processes=procs))
     path = tmp_path / "session.gpuscope"
@@ -266,3 +266,15 @@ async def test_a_replay_judges_by_the_same_settings_as_the_live_console(tmp_path
         await until(pilot, lambda: app.frame is not None, "the first frame")
         assert app.query_one(ServicePanel).slo.e2e_latency_p95_s == 0.25
         assert app.thresholds == settings.thresholds and app.thresholds.min_rate == 3.5e6
+
+
+def test_the_report_names_where_the_process_ran(tmp_path):
+    path, _ = leaking_session(tmp_path, runs_in="vllm.service")
+    report = build_report(open_recording(path))
+    verdict = report.split("## Verdict")[1].split("## The seven steps")[0]
+    # What it runs first, then where (cut with an ellipsis, as in the console's findings)
+    assert "in PID 4242 (`-m vllm.entrypoints.openai.api_server --api-key *** · vllm.…`)" in verdict, verdict
+    assert "Runs in: `vllm.service`" in verdict
+    table = report.split("## Processes at the end")[1]
+    assert "| runs in | command |" in table and "| `vllm.service` | `python -m vllm" in table, table
+    assert "| - | `python rag_worker.py" in table  # a process that ran nowhere named

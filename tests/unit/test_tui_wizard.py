@@ -16,7 +16,7 @@ from gpuscope.tui.stacks import AttributionScreen, ConfirmAttach
 from gpuscope.tui.textlines import TextLines
 from gpuscope.tui.wizard import WizardScreen
 
-from frames import FakeSource, frame, live
+from frames import FakeSource, frame, leaking_evidence, live
 from pilot_wait import until
 
 ALERT = Alert("rss", 4243, None, "PID 4243 python rag_worker.py (RSS)", 6.4e6, time.time() - 60, None, 0.8, "floor rose")
@@ -164,3 +164,15 @@ async def test_the_wizard_reopened_shows_the_culprit_found_earlier(monkeypatch):
         assert "First suspect: Retriever.search" in step_text(app) and searches == [4242]
     diagnoses = app.session.findings.of("diagnosis", 4242)
     assert len(diagnoses) >= 3 and all(d.value.suspects for d in diagnoses[1:])
+
+
+async def test_the_wizard_names_the_process_and_where_it_runs():
+    evidence = replace(leaking_evidence(4242), runs_in="vllm.service")
+    app = GpuScopeApp(live(FakeSource(frame(), evidence=evidence)))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("w")
+        wizard = app.screen
+        assert isinstance(wizard, WizardScreen)
+        title = await wait_for(pilot, lambda: wizard.query_one("#wizard-title", TextLines).text.plain)
+        assert "Diagnosis of PID 4242 (serve.py --api-key *** · vllm.service · python): leak" in title, title

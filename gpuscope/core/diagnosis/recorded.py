@@ -64,6 +64,7 @@ def evidence_of(
         **torch,
         pid=pid,
         command=focus.command if focus else (row.command if row else ""),
+        runs_in=focus.runs_in if focus else (row.runs_in if row else ""),
         duration_s=(times[-1] - times[0]) if len(times) > 1 else 0.0,
         rss=Series(times, series.rss_bytes if series else ()),
         gpu=Series(times, series.gpu_bytes) if has_gpu and series is not None else None,

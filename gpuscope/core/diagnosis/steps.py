@@ -100,6 +100,7 @@ class Evidence:
     # Whether the process serves the service's signals (it or its tree listens on the metrics
     # endpoint): False skips steps 3 and 5; None (not known) has them say what they judge.
     serves: bool | None = None
+    runs_in: str = ""  # the process's systemd unit or container, short ("vllm.service")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,7 @@ class Diagnosis:
     suspects: tuple[Suspect, ...]
     evidence: VerdictEvidence = VerdictEvidence()  # which evidence decided, on which samples, the numbers
     instrument: InstrumentCost | None = None  # what the tracker inside the process cost
+    runs_in: str = ""  # the process's systemd unit or container, short ("vllm.service")
 
     def to_json(self) -> dict:
         """The gpuscope.diagnosis/1 JSON object (with "evidence" and "instrument" added)."""
@@ -138,6 +140,7 @@ class Diagnosis:
             "schema": SCHEMA,
             "pid": self.pid,
             "command": self.command,
+            "runs_in": self.runs_in,
             "duration_s": round(self.duration_s, 1),
             "verdict": self.verdict,
             "pattern": self.pattern,
@@ -165,6 +168,7 @@ class Diagnosis:
             f"# gpuscope diagnosis of PID {self.pid}",
             "",
             f"command: {md_code(self.command, empty='not known')}",
+            *([f"runs in: {md_code(self.runs_in)}"] if self.runs_in else []),
             f"verdict: **{md_text(self.verdict)}** ({md_text(self.pattern)}), {md_text(self.memory_source)} memory "
             f"{format_bytes(self.memory.start_bytes)} -> {format_bytes(self.memory.end_bytes)} over {self.duration_s:.0f} s, "
             f"{format_rate(self.memory.growth_bytes_per_s, na='-')} MB/s",
@@ -524,12 +528,17 @@ NAME_CHARS = 60  # a process's name in a finding: enough to tell one service fro
 
 
 def _named(ev: Evidence, pid: int) -> str:
-    """`PID 123 (serve.py --port 8000 · /usr/bin/python3)`: what the process runs first, so the
-    operator can confirm it is the service they expect; the PID alone where its command is not known."""
-    command = ev.command if pid == ev.pid else next((r.command for r in ev.processes if r.pid == pid), "")
+    """`PID 123 (serve.py --port 8000 · vllm.service · /usr/bin/python3)`: what the process runs
+    first, then where, so the operator can confirm it is the service they expect; the PID alone
+    where its command is not known."""
+    if pid == ev.pid:
+        command, runs_in = ev.command, ev.runs_in
+    else:
+        row = next((r for r in ev.processes if r.pid == pid), None)
+        command, runs_in = (row.command, row.runs_in) if row is not None else ("", "")
     if not command:
         return f"PID {pid}"
-    return f"PID {pid} ({short_command(command, NAME_CHARS)})"
+    return f"PID {pid} ({short_command(command, NAME_CHARS, runs_in)})"
 
 
 def _fleet_json(row: FleetRow) -> dict:
@@ -863,6 +872,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     return Diagnosis(
         pid=ev.pid,
         command=ev.command,
+        runs_in=ev.runs_in,
         duration_s=ev.duration_s,
         verdict=verdict,
         pattern=pattern,

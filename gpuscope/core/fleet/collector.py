@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 
 from gpuscope.core.diagnosis.steps import TITLES, DeviceEvidence, Diagnosis, Evidence, Series, Step, diagnose
 from gpuscope.core.leak import LeakThresholds
+from gpuscope.core.node.cgroup import NAME_CHARS as RUNS_IN_CHARS
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.common.poller import Poller, Reading
 from gpuscope.core.common.printable import printable_line
@@ -394,6 +395,7 @@ def remote_evidence(client: FleetClient, node: str, pid: int, duration_s: float)
     info = client.query(f"last_over_time({INFO}{{{sel}}}[{window}])")
     return Evidence(
         pid=pid, command=label(info[0]["metric"].get("command") if info else "", COMMAND_CHARS), duration_s=stamps[-1] - stamps[0],
+        runs_in=label(info[0]["metric"].get("runs_in") if info else "", RUNS_IN_CHARS),
         rss=rss, gpu=gpu, device=device, processes=_node_processes(client, on_node),
         allocated=torch["allocated"] if gpu is not None else None,
         reserved=torch["reserved"] if gpu is not None else None,
@@ -403,15 +405,16 @@ def remote_evidence(client: FleetClient, node: str, pid: int, duration_s: float)
 def _node_processes(client: FleetClient, on_node: str) -> tuple[ProcessRow, ...]:
     """The node's exported processes with their growth now: what step 4 ranks."""
     rows: dict[tuple[int, int | None], dict] = {}
-    commands = {r["metric"].get("pid", ""): label(r["metric"].get("command"), COMMAND_CHARS)
-                for r in client.query(f"{INFO}{{{on_node}}}")}
+    info = client.query(f"{INFO}{{{on_node}}}")
+    commands = {r["metric"].get("pid", ""): label(r["metric"].get("command"), COMMAND_CHARS) for r in info}
+    places = {r["metric"].get("pid", ""): label(r["metric"].get("runs_in"), RUNS_IN_CHARS) for r in info}
     for r in client.query(f"{GROWTH}{{{on_node}}}"):
         m = r["metric"]
         pid_text, gpu_text = m.get("pid", ""), m.get("gpu", "")
         if not pid_text.isdigit() or len(pid_text) > 10:
             continue
         gpu = int(gpu_text) if gpu_text.isdigit() and len(gpu_text) < 4 else None
-        row = rows.setdefault((int(pid_text), gpu), {"command": commands.get(pid_text, "")})
+        row = rows.setdefault((int(pid_text), gpu), {"command": commands.get(pid_text, ""), "runs_in": places.get(pid_text, "")})
         row["gpu_growth" if m.get("memory") == "gpu" else "rss_growth"] = _number(r["value"][1])
     # A GPU row takes its process's RSS growth from the row without a GPU: looked up, not searched
     # for (an answer holds up to MAX_SERIES rows).
@@ -420,7 +423,7 @@ def _node_processes(client: FleetClient, on_node: str) -> tuple[ProcessRow, ...]
     for (pid, gpu), row in rows.items():
         rss_growth = row.get("rss_growth", process_rss.get(pid))
         out.append(ProcessRow(pid=pid, user=None, gpu=gpu, gpu_memory_bytes=None, rss_bytes=None, cpu_percent=None,
-                              command=row["command"], gpu_growth_bytes_per_s=row.get("gpu_growth"),
+                              command=row["command"], runs_in=row["runs_in"], gpu_growth_bytes_per_s=row.get("gpu_growth"),
                               rss_growth_bytes_per_s=rss_growth))
     return tuple(out)
 

@@ -11,9 +11,10 @@ source judges every process's growth and keeps those that grow in detail, so the
 are ranked among all of the node's processes, not among the largest); an
 exited process is simply absent from the next scrape. Every per-process series carries the same
 identifying labels: node, pid, start_time (so a reused PID is a new series), user, and the
-Kubernetes pod UID and container id when the cgroup tells; the command line (redacted, printable,
-short) is on one series per process, `gpuscope_process_info`, to be joined on (node, pid,
-start_time) where it is wanted.
+Kubernetes pod UID and container id when the cgroup tells (read once per process by the host
+collector, `gpuscope.core.node.cgroup`); the command line (redacted, printable, short) and where
+the process runs (its systemd unit or container, short) are on one series per process,
+`gpuscope_process_info`, to be joined on (node, pid, start_time) where they are wanted.
 
 Growth is the floor's slope over GROWTH_WINDOW_S, or over MIN_GROWTH_SAMPLES sampling intervals
 when the node is sampled more slowly than that allows (a loaded node): a slow tick widens the
@@ -22,7 +23,6 @@ window rather than leaving the process without a growth series.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuscope.core.node.cgroup import NAME_CHARS as RUNS_IN_CHARS
 from gpuscope.core.node.host import HostCollector, HostProcess
 from gpuscope.core.leak import VERDICTS, LeakAssessment, LeakThresholds, LeakWatch
 from gpuscope.core.node.model import Frame, NvmlReading, TorchMemory
@@ -41,49 +42,12 @@ from gpuscope.core.common.printable import printable
 TOP_PER_CRITERION = 20  # processes by GPU memory, by RSS, by growth (plus every alert)
 COMMAND_CHARS = 80
 LABEL_CHARS = 120
-CGROUP_READ_LIMIT = 64 * 1024  # /proc/PID/cgroup is a few lines; more is not one
 WATCHED_SERIES = 8192  # the leak watch's bound: 8 GPUs x 200 processes x (GPU + RSS) and the devices
 PROCESS_LABELS = ("node", "pid", "start_time", "user", "pod_uid", "container_id")
-INFO_LABELS = ("node", "pid", "start_time", "command", "user", "pod_uid", "container_id")
+INFO_LABELS = ("node", "pid", "start_time", "command", "user", "pod_uid", "container_id", "runs_in")
 MIN_GROWTH_SAMPLES = 6  # samples a growth window holds at least, however slowly the node is sampled
 # gpuscope_nvml_up's reason: a short enum (the full text is in the exporter's log and the console)
 NVML_REASONS = ("", "not-installed", "no-driver", "no-permission", "error")
-
-# Kubernetes names a pod's cgroup after its UID (dashes as underscores under the systemd driver):
-# .../kubepods-burstable-pod1b2c..._.../cri-containerd-<64 hex>.scope, or /kubepods/besteffort/pod<uid>/<64 hex>.
-_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-_CONTAINER_ID = re.compile(r"(?:^|[/:-])([0-9a-f]{64})(?:\.scope)?$")
-
-
-@dataclass(frozen=True, slots=True)
-class Cgroup:
-    pod_uid: str = ""
-    container_id: str = ""
-
-
-def parse_cgroup(text: str) -> Cgroup:
-    """The Kubernetes pod UID and the container id named by a /proc/PID/cgroup (empty if none)."""
-    pod = container = ""
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        if not pod:
-            m = _POD_UID.search(path)
-            if m:
-                pod = m.group(1).replace("_", "-")
-        if not container:
-            m = _CONTAINER_ID.search(path)
-            if m:
-                container = m.group(1)
-    return Cgroup(pod, container)
-
-
-def read_cgroup(pid: int) -> Cgroup:
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
-            return parse_cgroup(f.read(CGROUP_READ_LIMIT))
-    except OSError:
-        return Cgroup()
-
 
 def _short(text: str, limit: int) -> str:
     text = printable(text)
@@ -155,8 +119,6 @@ class NodeCollector(Collector):
         self.health = health or ExporterHealth()
         self._clock = clock
         self._sample: Sample | None = None
-        self._cgroups: dict[tuple[int, float], Cgroup] = {}
-        self._cgroups_lock = threading.Lock()
         self._scrapes = 0
         self._scrape_errors = 0
         self._last_duration = 0.0
@@ -234,7 +196,8 @@ class NodeCollector(Collector):
         memory_labels = (*PROCESS_LABELS, "memory", "gpu")
         info = GaugeMetricFamily("gpuscope_process_info",
                                  "1 for each exported process, with its command line (redacted, at most "
-                                 f"{COMMAND_CHARS} characters): join on node, pid, start_time.",
+                                 f"{COMMAND_CHARS} characters) and where it runs (runs_in: its systemd unit or "
+                                 "container, e.g. vllm.service, docker:0123456789ab): join on node, pid, start_time.",
                                  labels=INFO_LABELS)
         p_gpu = GaugeMetricFamily("gpuscope_process_gpu_memory_bytes",
                                   "GPU memory of the process on one GPU (NVML; includes the CUDA context).",
@@ -262,14 +225,12 @@ class NodeCollector(Collector):
         t_resv = GaugeMetricFamily("gpuscope_process_torch_reserved_bytes",
                                    "PyTorch's memory_reserved() (through gpuscope's probe).", labels=PROCESS_LABELS)
         alerts = {(a.kind, a.pid, a.device) for a in frame.alerts}
-        live: set[tuple[int, float]] = set()
         for p in exported:
-            key = (p.pid, p.create_time)
-            live.add(key)
-            cg = self._cgroup(key)
+            cg = p.cgroup
             user = _short(p.user or "", LABEL_CHARS)
             ident = [node, str(p.pid), f"{p.create_time:.2f}", user, cg.pod_uid, cg.container_id]
-            info.add_metric([*ident[:3], _short(p.command, COMMAND_CHARS), user, cg.pod_uid, cg.container_id], 1.0)
+            info.add_metric([*ident[:3], _short(p.command, COMMAND_CHARS), user, cg.pod_uid, cg.container_id,
+                             _short(cg.name, RUNS_IN_CHARS)], 1.0)
             if p.rss_bytes is not None:
                 p_rss.add_metric(ident, p.rss_bytes)
             rows = rows_by_pid.get(p.pid, ())
@@ -304,10 +265,6 @@ class NodeCollector(Collector):
                     t_alloc.add_metric(ident, t.allocated_bytes)
                 if t.reserved_bytes is not None:
                     t_resv.add_metric(ident, t.reserved_bytes)
-        with self._cgroups_lock:  # forget the cgroups of processes no longer exported
-            for key in [k for k in self._cgroups if k not in live]:
-                del self._cgroups[key]
-
         status = frame.nvml.status
         nvml_up = GaugeMetricFamily("gpuscope_nvml_up", "1 when NVML answers, 0 when it cannot be read "
                                     f"(reason: {', '.join(r for r in NVML_REASONS if r)}; host memory is still exported).",
@@ -330,15 +287,6 @@ class NodeCollector(Collector):
         procs.add_metric([node, "exported"], len(exported))
         return [gpu_used, gpu_total, info, p_gpu, p_rss, p_growth, p_verdict, p_leak, p_conf, p_floor, t_alloc, t_resv,
                 nvml_up, age, spacing, procs]
-
-    def _cgroup(self, key: tuple[int, float]) -> Cgroup:
-        with self._cgroups_lock:
-            cg = self._cgroups.get(key)
-        if cg is None:
-            cg = read_cgroup(key[0])
-            with self._cgroups_lock:
-                self._cgroups[key] = cg
-        return cg
 
     def _health(self, duration: float) -> list[Metric]:
         node = self.node

@@ -5,6 +5,7 @@
     host            processes and host memory from /proc
     torch_memory    PyTorch's allocator, read through the probe of each process that has one
     store           a bounded ring of samples per series
+    cgroup          where a process runs: its systemd unit or container, from /proc/PID/cgroup
     command_display how a command line reads in a narrow column
     live            the live source: the tick, the frames, the histories, the leak watch
 

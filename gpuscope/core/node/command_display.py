@@ -1,9 +1,10 @@
-"""How a command line reads in a narrow column: what runs first, the interpreter after.
+"""How a command line reads in a narrow column: what runs first, where it runs, the interpreter last.
 
 `/srv/envs/rag/.venv/bin/python -m gpuscope.demo.service --port 8000` cut to a column shows the
 interpreter's path and nothing of what it runs. `display_command` puts the script or module
-first (`-m gpuscope.demo.service --port 8000 · /srv/envs/rag/.venv/bin/python`) and always
-returns one line, whatever characters the command line holds.
+first, then the systemd unit or container the process runs in (`gpuscope.core.node.cgroup`), the
+interpreter last (`-m gpuscope.demo.service --port 8000 · rag.service · /srv/envs/rag/.venv/bin/python`),
+and always returns one line, whatever characters the command line holds.
 
 It is given a command already redacted (`redact.redact_command`), and only moves words around:
 a secret masked there stays masked here.
@@ -21,20 +22,20 @@ SEPARATOR = " · "
 _OPTIONS_WITH_VALUE = {"-W", "-X", "--check-hash-based-pycs"}
 
 
-def display_command(command: str) -> str:
+def display_command(command: str, runs_in: str = "") -> str:
     """`command` for one line of a table: a Python program's script (by its file name) or module
-    first with its arguments, then the interpreter; any other command as it is. Control
-    characters, newlines included, become visible ones (`printable`)."""
+    first with its arguments, then `runs_in` (its unit or container, if any), then the
+    interpreter; any other command as it is, then `runs_in`. Control characters, newlines
+    included, become visible ones (`printable`)."""
     shown = printable(command)
+    where = [printable(runs_in)] if runs_in else []
     try:
         words = shlex.split(shown)
     except ValueError:
-        return shown  # unbalanced quotes: not a command line we can take apart
-    if not words:
-        return shown
+        words = []  # unbalanced quotes: not a command line we can take apart
+    if not words or not is_python(words[0].rsplit("/", 1)[-1], None):
+        return SEPARATOR.join([shown, *where])
     interpreter = words[0]
-    if not is_python(interpreter.rsplit("/", 1)[-1], None):
-        return shown
     i = 1
     while i < len(words):
         word = words[i]
@@ -52,16 +53,16 @@ def display_command(command: str) -> str:
         rest = words[i + 1 :]
         break
     else:
-        return shown  # the interpreter alone (a REPL): nothing to put first
-    return " ".join(_quote(w) for w in lead + rest) + SEPARATOR + _quote(interpreter)
+        return SEPARATOR.join([shown, *where])  # the interpreter alone (a REPL): nothing to put first
+    return SEPARATOR.join([" ".join(_quote(w) for w in lead + rest), *where, _quote(interpreter)])
 
 
 def _quote(word: str) -> str:
     return shlex.quote(word) if word == "" or any(c.isspace() for c in word) else word
 
 
-def short_command(command: str, chars: int) -> str:
-    """`display_command(command)` in at most `chars` characters, cut with an ellipsis: a name that
-    says what the process runs, for a line that has room for little else."""
-    shown = display_command(command)
+def short_command(command: str, chars: int, runs_in: str = "") -> str:
+    """`display_command(command, runs_in)` in at most `chars` characters, cut with an ellipsis: a
+    name that says what the process runs, for a line that has room for little else."""
+    shown = display_command(command, runs_in)
     return shown if len(shown) <= chars else shown[: chars - 1] + "…"

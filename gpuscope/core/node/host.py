@@ -1,9 +1,10 @@
 """Host processes and memory, from /proc (through psutil where there is none).
 
 One pass over /proc per read with cheap fields only, its files kept open from one pass to the
-next; command lines (redacted) are read for the processes that will be shown and cached by (pid,
-create_time), so PID reuse is never confused with the old process. A process that exits mid-read
-is simply not in the result.
+next; command lines (redacted) and cgroups (where the process runs) are read for the processes
+that will be shown and cached by (pid, create_time), so PID reuse is never confused with the old
+process and a pass reads them only for the processes it shows for the first time. A process that
+exits mid-read is simply not in the result.
 
 Every text read here is its owner's choice (a process can name itself, its arguments and its
 folder anything, escape sequences included): names, users, command lines, folders enter the
@@ -23,6 +24,7 @@ from typing import NamedTuple
 
 import psutil
 
+from gpuscope.core.node.cgroup import Cgroup, read_cgroup
 from gpuscope.core.node.model import HostMemory, HostProcess, ProcessDetail
 from gpuscope.core.common.printable import printable
 from gpuscope.core.common.redact import redact_command
@@ -89,9 +91,16 @@ class _Passed(NamedTuple):
     passes: int  # passes since its owner was read
 
 
+class _Identity(NamedTuple):
+    """What a process is, read once in its life: its command line (redacted) and its cgroup."""
+
+    command: str
+    cgroup: Cgroup
+
+
 class HostCollector:
     def __init__(self) -> None:
-        self._commands: dict[tuple[int, float], str] = {}
+        self._identities: dict[tuple[int, float], _Identity] = {}
         self._versions: dict[str, str | None] = {}  # interpreter path -> version
         self._versions_asked: set[str] = set()  # interpreters being asked in the background
         self._versions_lock = threading.Lock()
@@ -327,31 +336,35 @@ class HostCollector:
         live: set[tuple[int, float]] = set()
         for s in seen:
             live.add((s.pid, s.create_time))
+            identity = self._identity(s)
             out.append(
                 HostProcess(
                     pid=s.pid,
                     create_time=s.create_time,
                     user=s.user,
                     name=s.name,
-                    command=self._cached_command(s),
+                    command=identity.command,
                     rss_bytes=s.rss,
                     cpu_percent=s.cpu,
                     is_python=is_python(s.name, s.exe),
                     private_bytes=s.private,
+                    cgroup=identity.cgroup,
                 )
             )
-        # Forget command lines of processes no longer shown: the cache stays as big as the table.
-        for key in [k for k in self._commands if k not in live]:
-            del self._commands[key]
+        # Forget the processes no longer shown: the cache stays as big as the table.
+        for key in [k for k in self._identities if k not in live]:
+            del self._identities[key]
         return out
 
-    def _cached_command(self, seen: SeenProcess) -> str:
-        """The process's redacted command line, read once per process (pid and start time)."""
+    def _identity(self, seen: SeenProcess) -> _Identity:
+        """The process's redacted command line and its cgroup, read once per process (pid and
+        start time): neither changes while it lives (an exec keeps the cgroup; the command line
+        shown is the one it started with)."""
         key = (seen.pid, seen.create_time)
-        command = self._commands.get(key)
-        if command is None:
-            command = self._commands[key] = self._command(seen.pid, seen.name)
-        return command
+        identity = self._identities.get(key)
+        if identity is None:
+            identity = self._identities[key] = _Identity(self._command(seen.pid, seen.name), read_cgroup(seen.pid))
+        return identity
 
     @staticmethod
     def _command(pid: int, name: str) -> str:
@@ -377,7 +390,7 @@ class HostCollector:
         following a process costs one more read (its folder) a pass, not five."""
         if seen is not None:
             assert seen.pid == pid
-            command = self._cached_command(seen)
+            identity = self._identity(seen)
             try:
                 cwd = _printable_or_none(os.readlink(f"/proc/{pid}/cwd"))
             except OSError:
@@ -385,13 +398,14 @@ class HostCollector:
             return ProcessDetail(
                 pid=pid,
                 user=seen.user,
-                command=command,
+                command=identity.command,
                 exe=_printable_or_none(seen.exe),
                 cwd=cwd,
                 threads=seen.threads,
                 python_version=self.python_version(pid, seen.name, seen.exe, wait_for_version) if python_version else None,
                 status=seen.status,
                 create_time=seen.create_time,
+                runs_in=identity.cgroup.name,
             )
         try:
             proc = psutil.Process(pid)
@@ -418,6 +432,7 @@ class HostCollector:
             python_version=self.python_version(pid, name, exe, wait_for_version) if python_version else None,
             status=status,
             create_time=create_time,
+            runs_in=read_cgroup(pid).name,
         )
 
     def python_version(self, pid: int, name: str, exe: str | None, wait: bool = True) -> str | None:

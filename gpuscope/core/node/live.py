@@ -363,7 +363,7 @@ class NodeSource:
             proc = next((p for p in snap.processes if p.pid == ident), None)
             what = "GPU memory" if kind == "gpu" else "RSS"
             # Gone from the host: the console marks the alert `ended` ("(exited)"), the label need not.
-            command = short_command(proc.command, 48) if proc else ""
+            command = short_command(proc.command, 48, proc.cgroup.name) if proc else ""
             label, pid, index = " ".join(filter(None, (f"PID {ident}", command, f"({what})"))), ident, key[3] if kind == "gpu" else None
         return Alert(kind, pid, index, label, alert.growth_bytes_per_s, a.since, a.time_to_full_s, a.confidence, a.reason,
                      ended=alert.ended)
@@ -422,6 +422,7 @@ class NodeSource:
                 rss_bytes=p.rss_bytes,
                 cpu_percent=p.cpu_percent,
                 command=p.command,
+                runs_in=p.cgroup.name,
                 name=p.name,
                 is_python=p.is_python,
                 rss_growth_bytes_per_s=rss_growth,

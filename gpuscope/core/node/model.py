@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuscope.core.node.cgroup import Cgroup
+
 
 @dataclass(frozen=True, slots=True)
 class Device:
@@ -66,6 +68,7 @@ class HostProcess:
     cpu_percent: float | None
     is_python: bool
     private_bytes: int | None = None  # resident less shared pages (None: unknown, the RSS stands for it)
+    cgroup: Cgroup = Cgroup()  # where it runs: its systemd unit or container
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class ProcessRow:
     is_python: bool = False
     gpu_growth_bytes_per_s: float | None = None
     rss_growth_bytes_per_s: float | None = None
+    runs_in: str = ""  # its systemd unit or container, short (`Cgroup.name`): "vllm.service", "docker:0123456789ab"
 
     @property
     def key(self) -> str:
@@ -105,6 +109,7 @@ class ProcessRow:
             "rss_bytes": self.rss_bytes,
             "cpu_percent": self.cpu_percent,
             "command": self.command,
+            "runs_in": self.runs_in,
         }
 
 
@@ -122,6 +127,7 @@ class ProcessDetail:
     status: str | None
     create_time: float | None
     exited: bool = False
+    runs_in: str = ""  # its systemd unit or container, short (`Cgroup.name`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,6 +218,7 @@ def _detail_from_rows(frame: Frame, pid: int) -> ProcessDetail:
     return ProcessDetail(
         pid=pid, user=row.user if row else None, command=row.command if row else "", exe=None, cwd=None,
         threads=None, python_version=None, status=None, create_time=None, exited=row is None,
+        runs_in=row.runs_in if row else "",
     )
 
 

@@ -18,10 +18,11 @@ import re
 import time
 from dataclasses import replace
 
-from gpuscope.core.diagnosis.steps import Diagnosis, diagnose
+from gpuscope.core.diagnosis.steps import NAME_CHARS, Diagnosis, diagnose
 from gpuscope.core.diagnosis.evidence import VERDICT, evidence_lines
 from gpuscope.core.leak import LeakThresholds
 from gpuscope.core.common.markdown import md_block, md_code, md_text
+from gpuscope.core.node.command_display import short_command
 from gpuscope.core.node.model import Frame
 from gpuscope.core.diagnosis.recorded import evidence_of, with_attribution
 from gpuscope.core.session.recording import Recording
@@ -121,16 +122,19 @@ def _diagnosis(d: Diagnosis, recorded: bool, code_path: str | None = None) -> li
     evidence = evidence_lines(d)
     how = "as diagnosed during the session" if recorded else "computed from the recording"
     growth = format_rate(d.memory.growth_bytes_per_s, na="-")
+    # What the process runs first, where it runs, the interpreter last (the console's name for it)
+    name = f" ({md_code(short_command(d.command.strip(), NAME_CHARS, d.runs_in))})" if d.command.strip() else ""
     out = [
         "## Verdict",
         "",
-        f"**{md_text(d.verdict)}** ({md_text(d.pattern)}) in PID {d.pid}: {md_text(d.memory_source.upper())} memory "
+        f"**{md_text(d.verdict)}** ({md_text(d.pattern)}) in PID {d.pid}{name}: {md_text(d.memory_source.upper())} memory "
         f"{format_bytes(d.memory.start_bytes)} → {format_bytes(d.memory.end_bytes)} over {d.duration_s:.0f} s, "
         f"{growth} MB/s ({how}).",
         "",
         *evidence_block(evidence[VERDICT]),
         "",
         f"Command: {md_code(d.command.strip(), empty='not known')}",
+        *(["", f"Runs in: {md_code(d.runs_in)} (its systemd unit or container)"] if d.runs_in else []),
         "",
         "## The seven steps",
         "",
@@ -230,14 +234,15 @@ def _processes(last: Frame, subject: int | None) -> list[str]:
     ranked = sorted(last.processes, key=lambda r: -((r.gpu_memory_bytes or 0) + (r.rss_bytes or 0)))
     rows = ranked[:TOP_PROCESSES] + [r for r in ranked[TOP_PROCESSES:] if r.pid == subject]
     out = ["## Processes at the end (largest first, and the process this report is about)", "",
-           "| PID | user | GPU | GPU memory | RSS | growth MB/s | command |", "|---|---|---|---|---|---|---|"]
+           "| PID | user | GPU | GPU memory | RSS | growth MB/s | runs in | command |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         gpu = "-" if r.gpu is None else str(r.gpu)
         command = r.command.strip()
         command = command if len(command) <= 80 else command[:79] + "…"
         out.append(
             f"| {r.pid} | {md_text(r.user or '?')} | {gpu} | {format_bytes(r.gpu_memory_bytes)} | {format_bytes(r.rss_bytes)} "
-            f"| {format_rate(r.growth_bytes_per_s, na='-')} | {md_code(command, in_table=True)} |"
+            f"| {format_rate(r.growth_bytes_per_s, na='-')} | {md_code(r.runs_in, in_table=True) if r.runs_in else '-'} "
+            f"| {md_code(command, in_table=True)} |"
         )
     return out + [""]
 
