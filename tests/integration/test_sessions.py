@@ -10,7 +10,7 @@ from gpuscope.commands import snapshot
 from gpuscope.core.diagnosis.attribution import Attribution, Rung
 from gpuscope.core.node.host import SeenProcess
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.node.model import Alert, HostMemory, HostProcess, NvmlReading
+from gpuscope.core.node.model import Alert, HostMemory, HostProcess
 from gpuscope.core.node.live import NodeSource
 from gpuscope.core.session.format import session_meta
 from gpuscope.core.session.journal import Journal
@@ -22,7 +22,7 @@ from gpuscope.tui.app import GpuScopeApp
 from gpuscope.tui.processes import ProcessTable
 
 from frames import T0, FakeSource, frame, live
-from helpers import gpuscope_cmd
+from helpers import NoAllocator, NoNvml, gpuscope_cmd
 from pilot_wait import until
 
 FOUND = Attribution(
@@ -144,25 +144,10 @@ class Host:
         pass
 
 
-class Nvml:
-    def read(self) -> NvmlReading:
-        return NvmlReading(status="no NVIDIA driver")
-
-    def close(self) -> None:
-        pass
-
-
-class Allocator:
-    def read(self):
-        return ()
-
-    def close(self):
-        pass
-
 
 async def test_holding_down_over_the_table_records_no_extra_frames(tmp_path):
     host = Host()
-    node = NodeSource(interval=3600.0, nvml=Nvml(), host=host, allocator=Allocator())  # one sample, at start
+    node = NodeSource(interval=3600.0, nvml=NoNvml(), host=host, allocator=NoAllocator())  # one sample, at start
     journal = Journal(None)
     app = GpuScopeApp(live(node, journal=journal))
     async with app.run_test(size=(120, 40)) as pilot:

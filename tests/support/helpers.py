@@ -187,3 +187,54 @@ def python_without(folder: Path, *missing: str) -> Path:
         probe = subprocess.run([str(python), "-c", f"import {name.replace('-', '_')}"], capture_output=True, timeout=30)
         assert probe.returncode != 0, f"{name} is still importable in {folder}"
     return python
+
+
+class NoNvml:
+    """A node source's NVML reader on a machine without a driver."""
+
+    def read(self):
+        from gpuscope.core.node.model import NvmlReading
+
+        return NvmlReading(status="no NVIDIA driver")
+
+    def close(self) -> None:
+        pass
+
+
+class NoAllocator:
+    """A node source's PyTorch allocator reader that finds no process with one."""
+
+    def read(self):
+        return ()
+
+    def close(self) -> None:
+        pass
+
+
+class OneProcessHost:
+    """A node source's host reader that sees one Python process, PID 1000, started at 1.0, with
+    the command line `command` (and cgroup `cgroup`)."""
+
+    def __init__(self, command: str, cgroup=None) -> None:
+        self.command = command
+        self.cgroup = cgroup
+
+    def memory(self):
+        from gpuscope.core.node.model import HostMemory
+
+        return HostMemory(64 * 2**30, 16 * 2**30, 48 * 2**30)
+
+    def scan(self):
+        from gpuscope.core.node.host import SeenProcess
+
+        return [SeenProcess(1000, 1.0, "python", "/usr/bin/python3", "svc", 100 * 2**20, 1.0)]
+
+    def complete(self, seen):
+        from gpuscope.core.node.model import HostProcess
+
+        where = {"cgroup": self.cgroup} if self.cgroup is not None else {}
+        return [HostProcess(s.pid, s.create_time, s.user, s.name, self.command, s.rss, s.cpu, True, **where)
+                for s in seen]
+
+    def close(self) -> None:
+        pass

@@ -144,39 +144,10 @@ def test_the_row_and_the_alert_name_the_unit_after_what_runs():
     # What the console shows (the row, the alert bar and the `A` list's label) comes from the host's
     # row, read once: the unit sits between the script and the interpreter.
     from gpuscope.core.leak import LeakAlert, LeakAssessment, LeakWatch
-    from gpuscope.core.node.host import SeenProcess
     from gpuscope.core.node.live import NodeSource
-    from gpuscope.core.node.model import HostMemory, HostProcess, NvmlReading
+    from helpers import NoAllocator, NoNvml, OneProcessHost
 
     unit = parse_cgroup(b"1:name=systemd:/system.slice/rag.service\n")
-
-    class Host:
-        def memory(self):
-            return HostMemory(64 * 2**30, 16 * 2**30, 48 * 2**30)
-
-        def scan(self):
-            return [SeenProcess(1000, 1.0, "python", "/usr/bin/python3", "svc", 100 * 2**20, 1.0)]
-
-        def complete(self, seen):
-            return [HostProcess(s.pid, s.create_time, s.user, s.name, "python3 serve.py --port 8000", s.rss,
-                                s.cpu, True, cgroup=unit) for s in seen]
-
-        def close(self):
-            pass
-
-    class Nvml:
-        def read(self):
-            return NvmlReading(status="no NVIDIA driver")
-
-        def close(self):
-            pass
-
-    class Allocator:
-        def read(self):
-            return ()
-
-        def close(self):
-            pass
 
     leak = LeakAssessment("leak", "steady-growth", 2e6, 0.9, None, None, 1e8, 2e8, 30, 30.0, "rising")
 
@@ -184,7 +155,8 @@ def test_the_row_and_the_alert_name_the_unit_after_what_runs():
         def update(self):
             return [LeakAlert(("rss", 1000, 1.0), leak, 0.0)]
 
-    node = NodeSource(nvml=Nvml(), host=Host(), allocator=Allocator(), watch=Watch())
+    node = NodeSource(nvml=NoNvml(), host=OneProcessHost("python3 serve.py --port 8000", unit), allocator=NoAllocator(),
+                      watch=Watch())
     frame = node.sample_once()
     row = next(r for r in frame.processes if r.pid == 1000)
     assert row.runs_in == "rag.service" and row.to_json()["runs_in"] == "rag.service"

@@ -75,42 +75,14 @@ def test_the_leak_watch_gives_the_grow_column_the_floor_growth_of_its_own_floors
 def test_the_grow_column_is_the_leak_watch_s_reading():
     """One estimator: the process table's GROW comes from the leak watch that raises the alerts."""
     from gpuscope.core.leak import LeakWatch
-    from gpuscope.core.node.host import SeenProcess
-    from gpuscope.core.node.model import HostMemory, HostProcess, NvmlReading
+    from helpers import NoAllocator, NoNvml, OneProcessHost
     from gpuscope.core.node.live import NodeSource
-
-    class Host:
-        def memory(self):
-            return HostMemory(64 * 2**30, 16 * 2**30, 48 * 2**30)
-
-        def scan(self):
-            return [SeenProcess(1000, 1.0, "python", "/usr/bin/python3", "svc", 100 * 2**20, 1.0)]
-
-        def complete(self, seen):
-            return [HostProcess(s.pid, s.create_time, s.user, s.name, "python svc.py", s.rss, s.cpu, True) for s in seen]
-
-        def close(self):
-            pass
-
-    class Nvml:
-        def read(self):
-            return NvmlReading(status="no NVIDIA driver")
-
-        def close(self):
-            pass
-
-    class Allocator:
-        def read(self):
-            return ()
-
-        def close(self):
-            pass
 
     class Watch(LeakWatch):
         def recent_growth(self, key, window_s):
             return 123456.0 if key == ("rss", 1000, 1.0) and window_s == 30.0 else None
 
-    node = NodeSource(nvml=Nvml(), host=Host(), allocator=Allocator(), watch=Watch())
+    node = NodeSource(nvml=NoNvml(), host=OneProcessHost("python svc.py"), allocator=NoAllocator(), watch=Watch())
     row = next(r for r in node.sample_once().processes if r.pid == 1000)
     assert row.rss_growth_bytes_per_s == 123456.0
 
