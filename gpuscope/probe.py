@@ -70,9 +70,11 @@ innermost first, everywhere. Ops:
   stopped_early, rss, heap}. Frames are named after the function defined around their line in the source file.
   Refused when the service runs tracemalloc itself.
 - `track_progress` (on another connection, while a `memray_track` or `tracemalloc_track` runs) ->
-  {tracking, method, times, heap, rss, sites}: what the running capture has seen so far, a point
-  every second: the least bytes malloc had in use since the point before (`heap`, glibc's
-  mallinfo2, read every 20 ms; null without it) and the RSS; for tracemalloc also the held bytes of the sites that gained most (`sites`: [{frames,
+  {tracking, method, times, heap, rss, blocks, rss_before, sites}: what the running capture has
+  seen so far, a point every second: the least bytes malloc had in use since the point before
+  (`heap`, glibc's mallinfo2, read every 20 ms; null without it), the least blocks Python's
+  small-object allocator had handed out (`blocks`), the RSS, and the RSS before the tracker
+  started (`rss_before`); for tracemalloc also the held bytes of the sites that gained most (`sites`: [{frames,
   held}]). memray's held bytes per site are in its capture, read only when tracking ends.
   -> {tracking: false} when no capture runs.
 - `track_stop` (on another connection) -> the running capture stops now and its request replies
@@ -877,16 +879,18 @@ class _Progress:
     """What a running capture has seen, a point every `every` seconds, published whole to
     `state.tracking` for `track_progress` (read from another connection's thread)."""
 
-    def __init__(self, state, method, every=1.0):
+    def __init__(self, state, method, every=1.0, rss_before=None):
         self.state = state
         self.method = method
         self.every = every
+        self.rss_before = rss_before
         self.started = time.monotonic()
         self.next_at = self.started
         self.times, self.heap, self.rss, self.blocks = [], [], [], []
         self.low_heap = self.low_blocks = None
         state.stop_asked.clear()
-        state.tracking = {"tracking": True, "method": method, "times": [], "heap": [], "rss": [], "sites": []}
+        state.tracking = {"tracking": True, "method": method, "times": [], "heap": [], "rss": [], "blocks": [],
+                          "rss_before": rss_before, "sites": []}
 
     def due(self):
         return time.monotonic() >= self.next_at
@@ -909,7 +913,8 @@ class _Progress:
         self.blocks.append(self.low_blocks)
         self.low_heap = self.low_blocks = None
         self.state.tracking = {"tracking": True, "method": self.method, "times": list(self.times),
-                               "heap": list(self.heap), "rss": list(self.rss), "sites": list(sites)}
+                               "heap": list(self.heap), "rss": list(self.rss), "blocks": list(self.blocks),
+                               "rss_before": self.rss_before, "sites": list(sites)}
 
     def asked_to_stop(self):
         return self.state.stop_asked.is_set()
@@ -1036,7 +1041,7 @@ def _op_memray_track(state, request, hung_up):
         except TypeError:
             raise RequestError("this memray is too old for this capture: install memray 1.11 or newer")
         with tracker:
-            progress = _Progress(state, "memray", interval or 1.0)
+            progress = _Progress(state, "memray", interval or 1.0, rss_before)
             deadline = started + float(seconds)
             while True:
                 left = deadline - time.monotonic()
@@ -1167,7 +1172,7 @@ def _op_tracemalloc_track(state, request, hung_up):
         times = []
         stopped_early = False
         started = time.monotonic()
-        progress = _Progress(state, "tracemalloc", interval)
+        progress = _Progress(state, "tracemalloc", interval, rss_before)
         tracemalloc.start(depth)
         try:
             while True:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuscope.core.diagnosis.attribution import suspects_from_stacks
 from gpuscope.core.diagnosis.steps import settle_seconds, window_thresholds
-from gpuscope.core.leak import LeakThresholds, held_evidence, held_trend
+from gpuscope.core.leak import LeakThresholds, held_evidence, held_trend, tracking_settled
 from gpuscope.core.target.stacks import OWN, StackFrame
 
 TIMES = [i * 0.25 for i in range(49)]  # 12 s read 4 times a second
@@ -43,6 +43,23 @@ def test_what_the_program_mapped_itself_counts_in_what_the_process_held_at_the_s
     judged = held_evidence(held_trend(TIMES, held), TIMES, held, TIMES, [20 * MB] * len(TIMES),
                            resident_before=120 * MB)
     assert not judged.counts and judged.rule == "memory in use level", judged
+
+
+def test_a_tracker_is_stopped_early_only_for_a_rise_the_verdict_would_count():
+    """The early stop judges a rising site by the verdict's rule: a full cache turning over (its
+    site rises, the memory in use stays level) is tracked its full time, not stopped as rising."""
+    steps = [i * 1.0 for i in range(10)]
+    site = [("a site's held bytes", [1 * MB * t for t in steps])]
+    level = tracking_settled(steps, site, [100 * MB] * len(steps), [150 * MB] * len(steps),
+                             blocks=[1000] * len(steps), resident_before=150 * MB)
+    assert level is None, level
+    added = tracking_settled(steps, site, [100 * MB + 0.9 * MB * t for t in steps], [150 * MB] * len(steps),
+                             resident_before=150 * MB)
+    assert added is not None and added.kind == "rising" and "memory in use rising" in added.reason, added
+    # small Python objects count through their blocks, as in the verdict
+    blocks = tracking_settled(steps, site, [100 * MB] * len(steps), [150 * MB] * len(steps),
+                              blocks=[1000 + 4000 * t for t in steps], resident_before=150 * MB)
+    assert blocks is not None and blocks.kind == "rising", blocks
 
 
 def test_a_batch_seen_freed_once_and_filling_again_at_the_end_is_not_a_rise():

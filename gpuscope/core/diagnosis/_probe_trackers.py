@@ -260,9 +260,10 @@ def settled_of(progress: dict) -> Settled | None:
         held = _numbers(site.get("held"), n) if isinstance(site, dict) else None
         if held is not None:
             sites.append(("a site's held bytes", held))
-    totals = [(name, held) for name, key in (("the heap in use", "heap"), ("the RSS", "rss"))
-              if (held := _numbers(progress.get(key), n)) is not None and any(v is not None for v in held)]
-    return tracking_settled([t for t in times if t is not None], sites, totals)
+    heap, rss, blocks = (_numbers(progress.get(key), n) or [] for key in ("heap", "rss", "blocks"))
+    resident = _finite(progress.get("rss_before"))
+    return tracking_settled([t for t in times if t is not None], sites, heap, rss, blocks=blocks,
+                            resident_before=resident)
 
 
 def probe_memray_suspects(

@@ -176,14 +176,19 @@ class Settled:
 
 
 def tracking_settled(times: Sequence[float], sites: Sequence[tuple[str, Sequence[float | None]]],
-                     totals: Sequence[tuple[str, Sequence[float | None]]],
-                     thresholds: LeakThresholds = LeakThresholds()) -> Settled | None:
+                     heap: Sequence[float | None], rss: Sequence[float | None],
+                     thresholds: LeakThresholds = LeakThresholds(), *, blocks: Sequence[float | None] = (),
+                     resident_before: float | None = None) -> Settled | None:
     """Whether what a running tracker has seen so far is clear enough to stop it (None: not yet).
 
-    `sites`: held bytes of allocation sites; `totals`: the process's memory in use (the heap
-    malloc has handed out, the RSS), each at `times` (seconds since tracking began). A site or the
-    heap rising steadily is a clear leak; every total flat, or risen and then levelled off, is
-    clearly none (a cache filling to its bound). Anything else: keep tracking."""
+    `sites`: (name, held bytes) of allocation sites; `heap`: the bytes malloc had in use; `rss`:
+    the RSS; `blocks`: Python's small-object blocks handed out; each at `times` (seconds since
+    tracking began); `resident_before`: the RSS before the tracker started. The heap rising
+    steadily is a clear leak; so is a site rising steadily whose rise counts by the verdict's rule
+    (`held_evidence`); a site rising steadily whose rise does not count yet (a full cache turning
+    over) keeps the tracker going, since only time tells whether it outlasts the turnover. Every
+    total flat, or risen and then levelled off, is clearly no leak (a cache filling to its
+    bound). Anything else: keep tracking."""
     kept = [i for i, t in enumerate(times) if t >= SETTLE_SKIP_S]
     if len(kept) < SETTLE_MIN_POINTS or times[kept[-1]] < SETTLE_MIN_S:
         return None
@@ -191,17 +196,36 @@ def tracking_settled(times: Sequence[float], sites: Sequence[tuple[str, Sequence
     def points(held: Sequence[float | None]) -> list[tuple[float, float]]:
         return [(times[i], float(v)) for i in kept if i < len(held) and (v := held[i]) is not None]
 
-    for name, held in [*sites, *totals[:1]]:  # the RSS rises with a tracker's own buffers: not a leak's sign
-        pts = points(held)
+    def steady(pts: list[tuple[float, float]]) -> HeldTrend | None:
         if len(pts) < SETTLE_MIN_POINTS:
-            continue
+            return None
         trend = held_trend([t for t, _ in pts], [v for _, v in pts], thresholds)
-        if trend.kind == "rising" and kendall_tau(pts) >= SETTLE_TAU:
-            return Settled("rising", f"{name} rose {format_speed(trend.growth_bytes_per_s)} steadily for "
-                                     f"{format_duration(pts[-1][0] - pts[0][0])}")
-    shapes = []
-    for name, held in totals:
+        return trend if trend.kind == "rising" and kendall_tau(pts) >= SETTLE_TAU else None
+
+    # The memory in use over every point (the rule skips the tracker's own start itself).
+    in_use = [(t, float(v), float(b) if i < len(blocks) and (b := blocks[i]) is not None else 0.0)
+              for i, t in enumerate(times) if i < len(heap) and (v := heap[i]) is not None]
+    turning_over = False
+    for name, held in sites:
         pts = points(held)
+        if (trend := steady(pts)) is None:
+            continue
+        judged = held_evidence(trend, [t for t, _ in pts], [v for _, v in pts], [p[0] for p in in_use],
+                               [p[1] for p in in_use], [p[2] for p in in_use], resident_before)
+        if judged.counts:
+            return Settled("rising", f"{name} rose {format_speed(trend.growth_bytes_per_s)} steadily for "
+                                     f"{format_duration(pts[-1][0] - pts[0][0])} ({judged.rule})")
+        turning_over = True
+    heap_points = points(heap)
+    # The RSS rises with a tracker's own buffers: not a leak's sign, so only the heap's rise stops it.
+    if (trend := steady(heap_points)) is not None:
+        return Settled("rising", f"the heap in use rose {format_speed(trend.growth_bytes_per_s)} steadily for "
+                                 f"{format_duration(heap_points[-1][0] - heap_points[0][0])}")
+    if turning_over:
+        return None
+    shapes = []
+    for name, total in (("the heap in use", heap), ("the RSS", rss)):
+        pts = points(total)
         if len(pts) < SETTLE_MIN_POINTS:
             continue
         third = len(pts) // 3
