@@ -58,7 +58,8 @@ innermost first, everywhere. Ops:
   the bytes that stack held at each of those times. With `memray_path` (gpuscope's own
   packages), memray is imported from there when the process cannot import its own. Every reply
   says where memray came from (`from`) and the process's RSS `before`, while `tracking` and
-  `after` (the tracker's state freed, glibc asked to return free pages: `malloc_trim`), and `heap`
+  `after` (the tracker's state freed, glibc asked to return free pages: `malloc_trim`, asked
+  again once the reply is sent and what reading the capture built is freed), and `heap`
   {times, bytes, blocks}: the least bytes malloc had in use (as `track_progress` reports them) and
   the least blocks Python's small-object allocator had handed out (`sys.getallocatedblocks()`:
   its arenas are not malloc's) since the point before, each read every 20 ms while tracking, at
@@ -442,8 +443,14 @@ class _Server:
                     return
                 if not line.strip():
                     continue
-                reply = self.answer(line, hung_up)
-                if not _send(conn, reply):
+                op, reply = self.answer(line, hung_up)
+                sent = _send(conn, reply)
+                if op in _TRACKERS:
+                    # What reading a capture built (the held series, the reply) is freed only
+                    # now: given back, or it stays in the service's RSS
+                    del reply
+                    give_back_freed_memory()
+                if not sent:
                     return
         except Exception:
             pass  # a broken connection ends only itself
@@ -458,6 +465,8 @@ class _Server:
                 pass
 
     def answer(self, line, hung_up=lambda: False):
+        """(the op asked for, or None where the request is not one; the reply)."""
+        op = None
         try:
             try:
                 request = json.loads(line.decode("utf-8"))
@@ -469,13 +478,13 @@ class _Server:
             handler = _OPS.get(request["op"])
             if handler is None:
                 raise RequestError("unknown op %r; known: %s" % (request["op"][:40], ", ".join(sorted(_OPS))))
-            result = handler(self.state, request, hung_up)
-            return {"ok": True, "result": result}
+            op = request["op"]
+            return op, {"ok": True, "result": handler(self.state, request, hung_up)}
         except RequestError as exc:
-            return {"ok": False, "error": str(exc)}
+            return op, {"ok": False, "error": str(exc)}
         except Exception as exc:
             text = str(exc).strip().splitlines()
-            return {"ok": False, "error": "%s: %s" % (type(exc).__name__, text[0][:300]) if text else type(exc).__name__}
+            return op, {"ok": False, "error": "%s: %s" % (type(exc).__name__, text[0][:300]) if text else type(exc).__name__}
 
 
 def _send(conn, reply):
@@ -1233,6 +1242,8 @@ def _gaining(series):
     return [{"frames": [[f.filename, f.lineno] for f in reversed(traceback)][:3], "held": list(held)}
             for traceback, held in gained if held[-1] > held[0]]
 
+
+_TRACKERS = ("memray_track", "tracemalloc_track")  # ops whose reading of a capture is freed after the reply
 
 _OPS = {
     "hello": _op_hello,
