@@ -58,7 +58,8 @@ innermost first, everywhere. Ops:
   the bytes that stack held at each of those times. With `memray_path` (gpuscope's own
   packages), memray is imported from there when the process cannot import its own. Every reply
   says where memray came from (`from`) and the process's RSS `before`, while `tracking` and
-  `after` (the tracker's state freed, glibc asked to return free pages: `malloc_trim`), and `heap`
+  `after` (the tracker's state freed, glibc asked to return free pages: `malloc_trim`, asked
+  again once the reply is sent and what reading the capture built is freed), and `heap`
   {times, bytes, blocks}: the least bytes malloc had in use (as `track_progress` reports them) and
   the least blocks Python's small-object allocator had handed out (`sys.getallocatedblocks()`:
   its arenas are not malloc's) since the point before, each read every 20 ms while tracking, at
@@ -70,9 +71,11 @@ innermost first, everywhere. Ops:
   stopped_early, rss, heap}. Frames are named after the function defined around their line in the source file.
   Refused when the service runs tracemalloc itself.
 - `track_progress` (on another connection, while a `memray_track` or `tracemalloc_track` runs) ->
-  {tracking, method, times, heap, rss, sites}: what the running capture has seen so far, a point
-  every second: the least bytes malloc had in use since the point before (`heap`, glibc's
-  mallinfo2, read every 20 ms; null without it) and the RSS; for tracemalloc also the held bytes of the sites that gained most (`sites`: [{frames,
+  {tracking, method, times, heap, rss, blocks, rss_before, sites}: what the running capture has
+  seen so far, a point every second: the least bytes malloc had in use since the point before
+  (`heap`, glibc's mallinfo2, read every 20 ms; null without it), the least blocks Python's
+  small-object allocator had handed out (`blocks`), the RSS, and the RSS before the tracker
+  started (`rss_before`); for tracemalloc also the held bytes of the sites that gained most (`sites`: [{frames,
   held}]). memray's held bytes per site are in its capture, read only when tracking ends.
   -> {tracking: false} when no capture runs.
 - `track_stop` (on another connection) -> the running capture stops now and its request replies
@@ -440,8 +443,14 @@ class _Server:
                     return
                 if not line.strip():
                     continue
-                reply = self.answer(line, hung_up)
-                if not _send(conn, reply):
+                op, reply = self.answer(line, hung_up)
+                sent = _send(conn, reply)
+                if op in _TRACKERS:
+                    # What reading a capture built (the held series, the reply) is freed only
+                    # now: given back, or it stays in the service's RSS
+                    del reply
+                    give_back_freed_memory()
+                if not sent:
                     return
         except Exception:
             pass  # a broken connection ends only itself
@@ -456,6 +465,8 @@ class _Server:
                 pass
 
     def answer(self, line, hung_up=lambda: False):
+        """(the op asked for, or None where the request is not one; the reply)."""
+        op = None
         try:
             try:
                 request = json.loads(line.decode("utf-8"))
@@ -467,13 +478,13 @@ class _Server:
             handler = _OPS.get(request["op"])
             if handler is None:
                 raise RequestError("unknown op %r; known: %s" % (request["op"][:40], ", ".join(sorted(_OPS))))
-            result = handler(self.state, request, hung_up)
-            return {"ok": True, "result": result}
+            op = request["op"]
+            return op, {"ok": True, "result": handler(self.state, request, hung_up)}
         except RequestError as exc:
-            return {"ok": False, "error": str(exc)}
+            return op, {"ok": False, "error": str(exc)}
         except Exception as exc:
             text = str(exc).strip().splitlines()
-            return {"ok": False, "error": "%s: %s" % (type(exc).__name__, text[0][:300]) if text else type(exc).__name__}
+            return op, {"ok": False, "error": "%s: %s" % (type(exc).__name__, text[0][:300]) if text else type(exc).__name__}
 
 
 def _send(conn, reply):
@@ -877,16 +888,18 @@ class _Progress:
     """What a running capture has seen, a point every `every` seconds, published whole to
     `state.tracking` for `track_progress` (read from another connection's thread)."""
 
-    def __init__(self, state, method, every=1.0):
+    def __init__(self, state, method, every=1.0, rss_before=None):
         self.state = state
         self.method = method
         self.every = every
+        self.rss_before = rss_before
         self.started = time.monotonic()
         self.next_at = self.started
         self.times, self.heap, self.rss, self.blocks = [], [], [], []
         self.low_heap = self.low_blocks = None
         state.stop_asked.clear()
-        state.tracking = {"tracking": True, "method": method, "times": [], "heap": [], "rss": [], "sites": []}
+        state.tracking = {"tracking": True, "method": method, "times": [], "heap": [], "rss": [], "blocks": [],
+                          "rss_before": rss_before, "sites": []}
 
     def due(self):
         return time.monotonic() >= self.next_at
@@ -909,7 +922,8 @@ class _Progress:
         self.blocks.append(self.low_blocks)
         self.low_heap = self.low_blocks = None
         self.state.tracking = {"tracking": True, "method": self.method, "times": list(self.times),
-                               "heap": list(self.heap), "rss": list(self.rss), "sites": list(sites)}
+                               "heap": list(self.heap), "rss": list(self.rss), "blocks": list(self.blocks),
+                               "rss_before": self.rss_before, "sites": list(sites)}
 
     def asked_to_stop(self):
         return self.state.stop_asked.is_set()
@@ -1036,7 +1050,7 @@ def _op_memray_track(state, request, hung_up):
         except TypeError:
             raise RequestError("this memray is too old for this capture: install memray 1.11 or newer")
         with tracker:
-            progress = _Progress(state, "memray", interval or 1.0)
+            progress = _Progress(state, "memray", interval or 1.0, rss_before)
             deadline = started + float(seconds)
             while True:
                 left = deadline - time.monotonic()
@@ -1167,7 +1181,7 @@ def _op_tracemalloc_track(state, request, hung_up):
         times = []
         stopped_early = False
         started = time.monotonic()
-        progress = _Progress(state, "tracemalloc", interval)
+        progress = _Progress(state, "tracemalloc", interval, rss_before)
         tracemalloc.start(depth)
         try:
             while True:
@@ -1228,6 +1242,8 @@ def _gaining(series):
     return [{"frames": [[f.filename, f.lineno] for f in reversed(traceback)][:3], "held": list(held)}
             for traceback, held in gained if held[-1] > held[0]]
 
+
+_TRACKERS = ("memray_track", "tracemalloc_track")  # ops whose reading of a capture is freed after the reply
 
 _OPS = {
     "hello": _op_hello,

@@ -413,20 +413,19 @@ STEPS = [i * 1.0 for i in range(9)]  # a read a second, as the probe takes them
 
 
 def test_a_steady_rise_a_flat_heap_and_a_filled_cache_settle_and_a_sawtooth_does_not():
-    rising = tracking_settled(STEPS, [("a site's held bytes", [2e6 * t for t in STEPS])], [("the RSS", [50e6] * 9)])
+    rising = tracking_settled(STEPS, [("a site's held bytes", [2e6 * t for t in STEPS])], [], [50e6] * 9)
     assert rising is not None and rising.kind == "rising", rising
-    flat = tracking_settled(STEPS, [], [("the heap in use", [30e6 + (t % 2) * 1e5 for t in STEPS]),
-                                        ("the RSS", [50e6] * 9)])
+    flat = tracking_settled(STEPS, [], [30e6 + (t % 2) * 1e5 for t in STEPS], [50e6] * 9)
     assert flat is not None and flat.kind == "flat", flat
-    filled = tracking_settled(STEPS, [], [("the heap in use", [10e6 + 40e6 * min(t, 3) / 3 for t in STEPS])])
+    filled = tracking_settled(STEPS, [], [10e6 + 40e6 * min(t, 3) / 3 for t in STEPS], [])
     assert filled is not None and filled.kind == "levelled", filled
     # a 75 MB batch filled and freed every 3 s: neither a steady rise nor flat floors yet
     saw = [20e6 + 25e6 * (t % 3) for t in STEPS]
-    assert tracking_settled(STEPS, [], [("the heap in use", saw)]) is None
+    assert tracking_settled(STEPS, [], saw, []) is None
     # never before SETTLE_MIN_S, however clear: a trend needs points
-    assert tracking_settled(STEPS[:5], [("a site's held bytes", [2e6 * t for t in STEPS[:5]])], []) is None
+    assert tracking_settled(STEPS[:5], [("a site's held bytes", [2e6 * t for t in STEPS[:5]])], [], []) is None
     # the RSS alone rising (a tracker's own buffers grow with it) stops nothing
-    assert tracking_settled(STEPS, [], [("the heap in use", [30e6] * 9), ("the RSS", [50e6 + 2e6 * t for t in STEPS])]) is None
+    assert tracking_settled(STEPS, [], [30e6] * 9, [50e6 + 2e6 * t for t in STEPS]) is None
 
 
 def test_the_probe_reports_a_running_capture_and_stops_it_when_asked(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuscope.core.diagnosis.attribution import suspects_from_stacks
 from gpuscope.core.diagnosis.steps import settle_seconds, window_thresholds
-from gpuscope.core.leak import LeakThresholds, held_evidence, held_trend
+from gpuscope.core.leak import LeakThresholds, held_evidence, held_trend, rising_evidence, tracking_settled
 from gpuscope.core.target.stacks import OWN, StackFrame
 
 TIMES = [i * 0.25 for i in range(49)]  # 12 s read 4 times a second
@@ -20,6 +20,30 @@ def test_a_rise_the_memory_in_use_does_not_follow_is_turnover_not_a_leak():
     assert not level.counts and level.rule == "memory in use level", level
     rising = held_evidence(trend, TIMES, held, TIMES, [100 * MB + 0.9 * MB * t for t in TIMES])
     assert rising.counts and rising.rule == "memory in use rising", rising
+
+
+def test_the_memory_in_use_rise_is_apportioned_among_rising_sites_fastest_first():
+    """Beside a real leak (1 MB/s, which the memory in use follows), a site replacing older memory
+    (0.8 MB/s: a cache turning over) does not count: the leak holds the rise."""
+    leak = [1 * MB * t for t in TIMES]
+    cache = [0.8 * MB * t for t in TIMES]
+    heap = [100 * MB + 1 * MB * t for t in TIMES]
+    judged = rising_evidence([(held_trend(TIMES, cache), TIMES, cache), (held_trend(TIMES, leak), TIMES, leak)],
+                             TIMES, heap)
+    assert [j.counts for j in judged] == [False, True], judged
+    assert judged[0].rule == "memory in use level" and "faster rising sites" in judged[0].reason, judged[0]
+    # two leaks the memory in use follows both count
+    both = rising_evidence([(held_trend(TIMES, cache), TIMES, cache), (held_trend(TIMES, leak), TIMES, leak)],
+                           TIMES, [100 * MB + 1.8 * MB * t for t in TIMES])
+    assert [j.counts for j in both] == [True, True], both
+    # the early stop apportions the same way: the cache alone rising steadily beside a leak that is
+    # not yet steady keeps the tracker going
+    steps = [i * 1.0 for i in range(10)]
+    wobbly = [1 * MB * t + (1.5 * MB if i % 2 else 0.0) for i, t in enumerate(steps)]
+    settled = tracking_settled(steps, [("the cache", [0.8 * MB * t for t in steps]), ("the leak", wobbly)],
+                               [100 * MB + 1 * MB * t + (2 * MB if i % 2 else 0.0) for i, t in enumerate(steps)],
+                               [150 * MB] * len(steps), resident_before=150 * MB)
+    assert settled is None or "the cache" not in settled.reason, settled
 
 
 def test_small_python_objects_count_through_the_blocks_malloc_does_not_hand_out():
@@ -43,6 +67,23 @@ def test_what_the_program_mapped_itself_counts_in_what_the_process_held_at_the_s
     judged = held_evidence(held_trend(TIMES, held), TIMES, held, TIMES, [20 * MB] * len(TIMES),
                            resident_before=120 * MB)
     assert not judged.counts and judged.rule == "memory in use level", judged
+
+
+def test_a_tracker_is_stopped_early_only_for_a_rise_the_verdict_would_count():
+    """The early stop judges a rising site by the verdict's rule: a full cache turning over (its
+    site rises, the memory in use stays level) is tracked its full time, not stopped as rising."""
+    steps = [i * 1.0 for i in range(10)]
+    site = [("a site's held bytes", [1 * MB * t for t in steps])]
+    level = tracking_settled(steps, site, [100 * MB] * len(steps), [150 * MB] * len(steps),
+                             blocks=[1000] * len(steps), resident_before=150 * MB)
+    assert level is None, level
+    added = tracking_settled(steps, site, [100 * MB + 0.9 * MB * t for t in steps], [150 * MB] * len(steps),
+                             resident_before=150 * MB)
+    assert added is not None and added.kind == "rising" and "memory in use rising" in added.reason, added
+    # small Python objects count through their blocks, as in the verdict
+    blocks = tracking_settled(steps, site, [100 * MB] * len(steps), [150 * MB] * len(steps),
+                              blocks=[1000 + 4000 * t for t in steps], resident_before=150 * MB)
+    assert blocks is not None and blocks.kind == "rising", blocks
 
 
 def test_a_batch_seen_freed_once_and_filling_again_at_the_end_is_not_a_rise():

@@ -29,11 +29,14 @@ HELD_INTERVAL_S = 1.0  # how often a tracker's held bytes per site are read
 # dropped about once a second are seen falling, not aliased into a slow rise (tracemalloc's
 # snapshots walk every trace: once a second, and the floors of what it holds are trended instead).
 MEMRAY_HELD_INTERVAL_S = 0.25
-# What tracking costs the service, as benchmarks/diagnosis_cost.py measured it on an
-# allocation-heavy service (shown where the operator is asked before anything runs inside it).
+# What tracking costs the service, as benchmarks/diagnosis_cost.py and benchmarks/bare_services.py
+# measured it on an allocation-heavy service (shown where the operator is asked before anything
+# runs inside it). What stays after memray is mostly memray itself: its modules (rich among them)
+# and native libraries, loaded once for the process's life (a later capture adds nothing).
 TRACKING_COST = ("expected cost: the service runs up to ~10% slower while it is tracked (memray or "
                  "tracemalloc; stack sampling takes ~20% of a small machine's CPU instead), and keeps "
-                 "~12 MB after (memray's code, once loaded, stays; glibc may also keep more of the heap it frees)")
+                 "~15 MB after its first memray capture (memray's code and the libraries it loads stay; "
+                 "a later one adds nothing), ~7 MB after tracemalloc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,9 +263,10 @@ def settled_of(progress: dict) -> Settled | None:
         held = _numbers(site.get("held"), n) if isinstance(site, dict) else None
         if held is not None:
             sites.append(("a site's held bytes", held))
-    totals = [(name, held) for name, key in (("the heap in use", "heap"), ("the RSS", "rss"))
-              if (held := _numbers(progress.get(key), n)) is not None and any(v is not None for v in held)]
-    return tracking_settled([t for t in times if t is not None], sites, totals)
+    heap, rss, blocks = (_numbers(progress.get(key), n) or [] for key in ("heap", "rss", "blocks"))
+    resident = _finite(progress.get("rss_before"))
+    return tracking_settled([t for t in times if t is not None], sites, heap, rss, blocks=blocks,
+                            resident_before=resident)
 
 
 def probe_memray_suspects(

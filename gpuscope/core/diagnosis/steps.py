@@ -27,7 +27,7 @@ from gpuscope.core.diagnosis.evidence import (
 )
 from gpuscope.core.leak.growth import theil_sen
 from gpuscope.core.leak import (WARMUP_S, FloorSketch, HeldTrend, LeakAssessment, LeakThresholds, as_ended_run, assess,
-                                 ended_run, floor_growth, held_evidence, held_trend, kendall_tau, warming_up)
+                                 ended_run, floor_growth, held_trend, kendall_tau, rising_evidence, warming_up)
 from gpuscope.core.common.markdown import md_code as _md_code, md_text as _md_text
 from gpuscope.core.common.printable import printable
 from gpuscope.core.node.command_display import short_command
@@ -329,26 +329,21 @@ def settle_seconds(th: LeakThresholds, growth_bytes_per_s: float | None, duratio
 
 def rising_sites(att: Attribution | None,
                  trends: list[tuple[Site, HeldTrend]]) -> tuple[list[tuple[Site, HeldTrend]], dict | None]:
-    """The rising sites whose rise is leak evidence (`leak.held_evidence`: the process's memory in
-    use rose with them, or they outlasted any turnover), and the rule that decided for the first
+    """The rising sites whose rise is leak evidence (`leak.rising_evidence`: the process's memory in
+    use rose with them, apportioned fastest first, or they outlasted any turnover), and the rule that decided for the first
     rising site (None where no site rose). A tracker with no held bytes over time says so: the
     memory trend decides alone."""
     if att is not None and att.method in ("memray", "tracemalloc") and not att.times:
         return [], {"counts": False, "rule": "no held-bytes series",
                     "reason": f"{att.method} read only what was held at the end, not over time: the memory trend decides"}
-    kept: list[tuple[Site, HeldTrend]] = []
-    first: dict | None = None
-    for site, trend in trends:
-        if trend.kind != "rising" or att is None:
-            continue
-        resident = att.cost.get("rss_before")
-        judged = held_evidence(trend, att.times, site.held, att.heap_times, att.heap, att.heap_blocks,
-                               float(resident) if isinstance(resident, (int, float)) else None)
-        if first is None:
-            first = {**judged.to_json(), "site": site.function}
-        if judged.counts:
-            kept.append((site, trend))
-    return kept, first
+    rising = [(site, trend) for site, trend in trends if trend.kind == "rising"]
+    if att is None or not rising:
+        return [], None
+    resident = att.cost.get("rss_before")
+    judged = rising_evidence([(trend, att.times, site.held) for site, trend in rising], att.heap_times, att.heap,
+                             att.heap_blocks, float(resident) if isinstance(resident, (int, float)) else None)
+    first = {**judged[0].to_json(), "site": rising[0][0].function}
+    return [st for st, evidence in zip(rising, judged) if evidence.counts], first
 
 
 # -- the seven steps -------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from gpuscope.core.leak._assessment import GROWING, LeakAssessment, LeakThreshol
 from gpuscope.core.leak._sketch import FloorSketch
 from gpuscope.core.leak._floors import floor_growth
 from gpuscope.core.leak._analysis import assess, kendall_tau
-from gpuscope.core.leak._held import HELD_MIN_RISE, HeldEvidence, HeldTrend, SETTLE_HORIZON_S, SETTLE_MIN_POINTS, SETTLE_MIN_S, SETTLE_SKIP_S, SETTLE_TAU, Settled, held_evidence, held_trend, tracking_settled
+from gpuscope.core.leak._held import HELD_MIN_RISE, HeldEvidence, HeldTrend, SETTLE_HORIZON_S, SETTLE_MIN_POINTS, SETTLE_MIN_S, SETTLE_SKIP_S, SETTLE_TAU, Settled, held_evidence, held_trend, rising_evidence, tracking_settled
 from gpuscope.core.leak._watch import LeakAlert, LeakWatch
 from gpuscope.core.leak._life import SERVICE_LIFE_S, WARMUP_S, as_ended_run, ended_run, warming_up
 
@@ -83,6 +83,7 @@ __all__ = [
     "assess",
     "floor_growth",
     "held_evidence",
+    "rising_evidence",
     "held_trend",
     "kendall_tau",
     "tracking_settled",

@@ -124,10 +124,11 @@ class HeldEvidence:
 
 def held_evidence(trend: HeldTrend, times: Sequence[float], held: Sequence[float],
                   heap_times: Sequence[float], heap: Sequence[float], blocks: Sequence[float] = (),
-                  resident_before: float | None = None) -> HeldEvidence:
+                  resident_before: float | None = None, claimed: float = 0.0) -> HeldEvidence:
     """Judge a rising site's held bytes (`trend`, over `times`) against the memory in use at
     `heap_times` (`heap`: malloc's bytes in use; `blocks`: Python's small-object blocks) and the
-    process's RSS when tracking began (`resident_before`)."""
+    process's RSS when tracking began (`resident_before`). `claimed`: bytes/s of the memory in
+    use's rise already held by larger rising sites (`rising_evidence`), not this one's."""
     rate = max(trend.growth_bytes_per_s, 0.0)
     pairs = [(t, v, blocks[i] if i < len(blocks) else 0.0) for i, (t, v) in enumerate(zip(heap_times, heap))]
     kept = [p for p in pairs if p[0] >= HEAP_SKIP_S] or pairs
@@ -137,9 +138,11 @@ def held_evidence(trend: HeldTrend, times: Sequence[float], held: Sequence[float
     heap_floors = held_floors([p[0] for p in kept], [p[1] for p in kept])
     block_floors = held_floors([p[0] for p in kept], [p[2] for p in kept])
     in_use = max(0.0, theil_sen(heap_floors) or 0.0) + PYMALLOC_BLOCK_BYTES * max(0.0, theil_sen(block_floors) or 0.0)
-    if in_use >= HEAP_SHARE * rate:
+    left = in_use - claimed
+    others = f", {format_speed(claimed)} of it held by faster rising sites" if claimed > 0 else ""
+    if left >= HEAP_SHARE * rate:
         return HeldEvidence(True, "memory in use rising",
-                            f"the process's memory in use rose {format_speed(in_use)} meanwhile (the site "
+                            f"the process's memory in use rose {format_speed(in_use)} meanwhile{others} (the site "
                             f"{format_speed(rate)}): what the site holds is added, not replaced")
     gained = float(held[-1]) - min(float(v) for v in held) if held else 0.0
     # What older memory could be freed is at most what the process held then: its resident memory
@@ -150,9 +153,27 @@ def held_evidence(trend: HeldTrend, times: Sequence[float], held: Sequence[float
                             f"the site gained {format_size(gained)}, more than the {format_size(before)} the process "
                             "held when tracking began: no turnover of older memory explains it")
     return HeldEvidence(False, "memory in use level",
-                        f"the process's memory in use stayed level ({format_speed(in_use)}) while the site rose "
-                        f"{format_speed(rate)}: it replaces memory allocated before tracking (a full cache turning "
-                        "over, temporaries dropped), whose frees the tracker cannot see")
+                        f"the process's memory in use stayed level ({format_speed(in_use)}{others}) while the site "
+                        f"rose {format_speed(rate)}: it replaces memory allocated before tracking (a full cache "
+                        "turning over, temporaries dropped), whose frees the tracker cannot see")
+
+
+def rising_evidence(rising: Sequence[tuple[HeldTrend, Sequence[float], Sequence[float]]],
+                    heap_times: Sequence[float], heap: Sequence[float], blocks: Sequence[float] = (),
+                    resident_before: float | None = None) -> list[HeldEvidence]:
+    """`held_evidence` of each rising site (trend, times, held), in the order given, with the
+    memory in use's rise apportioned among them fastest first: a site counts by it only while the
+    rise left over by the faster sites that count covers it. Beside a real leak, whose rise the
+    memory in use follows, a cache turning over or a neighbour's batch must not count too."""
+    order = sorted(range(len(rising)), key=lambda i: -rising[i][0].growth_bytes_per_s)
+    judged: dict[int, HeldEvidence] = {}
+    claimed = 0.0
+    for i in order:
+        trend, times, held = rising[i]
+        judged[i] = held_evidence(trend, times, held, heap_times, heap, blocks, resident_before, claimed)
+        if judged[i].counts:
+            claimed += max(trend.growth_bytes_per_s, 0.0)
+    return [judged[i] for i in range(len(rising))]
 
 
 # --- when a running tracker has seen enough ---------------------------------------------------------
@@ -176,14 +197,19 @@ class Settled:
 
 
 def tracking_settled(times: Sequence[float], sites: Sequence[tuple[str, Sequence[float | None]]],
-                     totals: Sequence[tuple[str, Sequence[float | None]]],
-                     thresholds: LeakThresholds = LeakThresholds()) -> Settled | None:
+                     heap: Sequence[float | None], rss: Sequence[float | None],
+                     thresholds: LeakThresholds = LeakThresholds(), *, blocks: Sequence[float | None] = (),
+                     resident_before: float | None = None) -> Settled | None:
     """Whether what a running tracker has seen so far is clear enough to stop it (None: not yet).
 
-    `sites`: held bytes of allocation sites; `totals`: the process's memory in use (the heap
-    malloc has handed out, the RSS), each at `times` (seconds since tracking began). A site or the
-    heap rising steadily is a clear leak; every total flat, or risen and then levelled off, is
-    clearly none (a cache filling to its bound). Anything else: keep tracking."""
+    `sites`: (name, held bytes) of allocation sites; `heap`: the bytes malloc had in use; `rss`:
+    the RSS; `blocks`: Python's small-object blocks handed out; each at `times` (seconds since
+    tracking began); `resident_before`: the RSS before the tracker started. The heap rising
+    steadily is a clear leak; so is a site rising steadily whose rise counts by the verdict's rule
+    (`rising_evidence`); a site rising steadily whose rise does not count yet (a full cache turning
+    over) keeps the tracker going, since only time tells whether it outlasts the turnover. Every
+    total flat, or risen and then levelled off, is clearly no leak (a cache filling to its
+    bound). Anything else: keep tracking."""
     kept = [i for i, t in enumerate(times) if t >= SETTLE_SKIP_S]
     if len(kept) < SETTLE_MIN_POINTS or times[kept[-1]] < SETTLE_MIN_S:
         return None
@@ -191,17 +217,41 @@ def tracking_settled(times: Sequence[float], sites: Sequence[tuple[str, Sequence
     def points(held: Sequence[float | None]) -> list[tuple[float, float]]:
         return [(times[i], float(v)) for i in kept if i < len(held) and (v := held[i]) is not None]
 
-    for name, held in [*sites, *totals[:1]]:  # the RSS rises with a tracker's own buffers: not a leak's sign
+    def steady(pts: list[tuple[float, float]]) -> HeldTrend | None:
+        if len(pts) < SETTLE_MIN_POINTS:
+            return None
+        trend = held_trend([t for t, _ in pts], [v for _, v in pts], thresholds)
+        return trend if trend.kind == "rising" and kendall_tau(pts) >= SETTLE_TAU else None
+
+    # The memory in use over every point (the rule skips the tracker's own start itself).
+    in_use = [(t, float(v), float(b) if i < len(blocks) and (b := blocks[i]) is not None else 0.0)
+              for i, t in enumerate(times) if i < len(heap) and (v := heap[i]) is not None]
+    rising = []  # (name, steady, trend, times, held) of every rising site: the memory in use is apportioned among all
+    for name, held in sites:
         pts = points(held)
         if len(pts) < SETTLE_MIN_POINTS:
             continue
         trend = held_trend([t for t, _ in pts], [v for _, v in pts], thresholds)
-        if trend.kind == "rising" and kendall_tau(pts) >= SETTLE_TAU:
+        if trend.kind == "rising":
+            rising.append((name, kendall_tau(pts) >= SETTLE_TAU, trend, [t for t, _ in pts], [v for _, v in pts]))
+    judged = rising_evidence([(trend, ts, vs) for _, _, trend, ts, vs in rising], [p[0] for p in in_use],
+                             [p[1] for p in in_use], [p[2] for p in in_use], resident_before)
+    turning_over = False
+    for (name, steadily, trend, ts, _), evidence in zip(rising, judged):
+        if steadily and evidence.counts:
             return Settled("rising", f"{name} rose {format_speed(trend.growth_bytes_per_s)} steadily for "
-                                     f"{format_duration(pts[-1][0] - pts[0][0])}")
+                                     f"{format_duration(ts[-1] - ts[0])} ({evidence.rule})")
+        turning_over = turning_over or steadily
+    heap_points = points(heap)
+    # The RSS rises with a tracker's own buffers: not a leak's sign, so only the heap's rise stops it.
+    if (heap_trend := steady(heap_points)) is not None:
+        return Settled("rising", f"the heap in use rose {format_speed(heap_trend.growth_bytes_per_s)} steadily for "
+                                 f"{format_duration(heap_points[-1][0] - heap_points[0][0])}")
+    if turning_over:
+        return None
     shapes = []
-    for name, held in totals:
-        pts = points(held)
+    for name, total in (("the heap in use", heap), ("the RSS", rss)):
+        pts = points(total)
         if len(pts) < SETTLE_MIN_POINTS:
             continue
         third = len(pts) // 3
