@@ -108,7 +108,49 @@ TARGETS: dict[str, tuple[Target, ...]] = {
 # Equivalent mutants: no input tells them from the original, so no test can catch them. Each is
 # named by its module, function, the text of its line and the change, and is left out of the count
 # (listed apart). Why each is equivalent:
+_HELD, _ASSESSMENT = "gpuscope/core/leak/_held.py", "gpuscope/core/leak/_assessment.py"
+_VERDICT = "gpuscope/core/gate/verdict.py"
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
+    (_HELD, "held_trend", "if len(points) > TREND_POINTS:", "Gt -> GtE"):
+        "at exactly TREND_POINTS points the thinning step is 1: the points are kept as they are",
+    (_HELD, "held_trend", "fall = max((a - b for a, b in zip(raw, raw[1:])), default=0.0)", "0.0 -> 1.0"):
+        "the default is for fewer than two reads, and a trend is only judged from four",
+    (_HELD, "held_trend", 'return HeldTrend("levelled", late, confidence or 0.5,', "0.5 -> 1.0"):
+        "floors never fall, so a series that rose has a positive tau: the confidence is never 0 here",
+    (_HELD, "tracking_settled", "drift = abs(theil_sen(floors) or 0.0) * SETTLE_HORIZON_S", "0.0 -> 1.0"):
+        "a slope of 0 read as 1 B/s drifts 12 bytes over the horizon, against a bound of a megabyte",
+    (_ASSESSMENT, "LeakThresholds.alert_rate", "if duration_s < self.fast_duration_s - 1e-9:", "Lt -> LtE"):
+        "the 1e-9 s is room for float error in a duration: no caller's duration falls on its edge",
+    (_ASSESSMENT, "LeakThresholds.alert_rate", "if duration_s < self.fast_duration_s - 1e-9:", "1e-09 -> 2e-09"):
+        "the same room, doubled: durations are whole seconds or measured to the millisecond",
+    (_ASSESSMENT, "LeakThresholds.alert_rate",
+     "if self.slow_window_s > self.fast_duration_s and self.fast_rate > self.slow_rate:", "Gt -> GtE"):
+        "(both comparisons) equal windows still divide by log(1) = 0 in the power law; equal rates give "
+        "an exponent of 0, which is the fast rate, as the other branch's min() is",
+    (_VERDICT, "growth_of", "uncertainty = ROBUST_SIGMA * _median(residuals) / spread if len(points) > 2 else 0.0",
+     "Gt -> GtE"): "a Theil-Sen line through two points passes through both: the residuals are 0",
+    (_VERDICT, "growth_of", "uncertainty = ROBUST_SIGMA * _median(residuals) / spread if len(points) > 2 else 0.0",
+     "2 -> 3"): "the median slope of three points joins two of them, so two residuals of three are 0",
+    (_VERDICT, "_growth_criterion",
+     'return Criterion(name, None, f"{label(series)}: no completed round to judge"), None, 0.0', "0.0 -> 1.0"):
+        "the expected growth is read only for a failed criterion with an allowance; this one has neither",
+    (_VERDICT, "steady_sites", "if middle <= 0 or min(amounts) < STEADY_SHARE * max(amounts):", "LtE -> Lt"):
+        "a site whose median is 0 has an excess of at most 0, under MIN_SITE_EXCESS: left out anyway",
+    (_VERDICT, "steady_sites", "if middle <= 0 or min(amounts) < STEADY_SHARE * max(amounts):", "0 -> 1"):
+        "the same: a median of 1 byte is far under MIN_SITE_EXCESS",
+    (_VERDICT, "_sites_criterion", "else None) or (rss.reference_floor if rss is not None else None) or 0",
+     "0 -> 1"): "an allowance of 0.03 byte rounds to 0, and a steady site keeps at least MIN_SITE_EXCESS",
+    ("gpuscope/core/fleet/rules.py", "leak_rules",
+     'out.append(f"      - record: {DCGM_RECORD}\\n        expr: {_block(expr, 10)}\\n")', "10 -> 11"):
+        "a YAML block scalar indented one more space reads the same",
+    ("gpuscope/core/fleet/rules.py", "leak_rules", 'f"        expr: {_block(alert_expr(src, record, h, th), 10)}\\n"',
+     "10 -> 11"): "the same",
+    ("gpuscope/core/fleet/exporter.py", "choose_exported",
+     "sorted((p for p in procs if p.rss_bytes), key=lambda p: -(p.rss_bytes or 0)),", "0 -> 1"):
+        "the ranking holds only processes whose RSS is known and not 0",
+    ("gpuscope/core/target/privilege.py", "owner_of",
+     'return Owner(fields["Uid"][0], fields["Gid"][0], tuple(fields.get("Groups", ())))', "0 -> 1"):
+        "(the uid's and the gid's) all four ids are the same by then, or it has raised NotPermitted",
 }
 
 PER_MUTANT_TIMEOUT_S = 300
@@ -285,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no target {', '.join(unknown)} (the targets: {', '.join(TARGETS)})")
     every = [(name, m) for name in chosen for target in TARGETS[name] for m in mutants_of(target)]
     equivalent = [m for _, m in every if m.key in EQUIVALENT]
+    if not args.targets:
+        stale = set(EQUIVALENT) - {m.key for _, m in every}
+        for key in sorted(stale):
+            print(f"no mutant is {key} any more: drop it from EQUIVALENT")
     picked = [(name, m) for name, m in every if m.key not in EQUIVALENT][::max(1, args.every)]
     if args.survivors:
         survived = {line.strip().removeprefix("survived: ") for line in Path(args.survivors).read_text().splitlines()
