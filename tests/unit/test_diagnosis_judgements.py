@@ -3,6 +3,7 @@ tracker did not see, how long would settle a growth, and who decided the verdict
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -10,16 +11,21 @@ import pytest
 from frames import leaking_evidence
 from gpuscope.core.diagnosis.attribution import Attribution, Rung, Site
 from gpuscope.core.diagnosis.steps import (
+    DeviceEvidence,
     Evidence,
     Series,
     diagnose,
+    growth_ranking,
     rising_sites,
     settle_seconds,
     site_trends,
+    step_locate,
     step_classify,
     unseen_growth,
+    window_thresholds,
 )
 from gpuscope.core.leak import LeakAssessment, LeakThresholds
+from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.serving.model import ServingSnapshot, Signals
 
 MB = 1e6
@@ -229,3 +235,119 @@ def test_an_inconclusive_verdict_says_how_long_would_settle_it():
     assert d.evidence.settle_s == settle_seconds(LeakThresholds(), d.memory.growth_bytes_per_s, 30.0) > 60
     assert d.steps[5].evidence["settle_s"] == d.evidence.settle_s
     assert diagnose(leaking_evidence()).evidence.settle_s is None
+
+
+def test_a_tracker_without_held_bytes_over_time_counts_no_site():
+    _, rule = rising_sites(attribution([site("grow", [5 * MB])], times=()), [])
+    assert rule["counts"] is False
+
+
+def test_step_4_on_the_gpu_ranks_the_processes_of_the_diagnosed_device_only():
+    rows = (ProcessRow(1, "u", 0, MB, MB, 0.0, "a", gpu_growth_bytes_per_s=2 * MB),
+            ProcessRow(2, "u", 1, MB, MB, 0.0, "b", gpu_growth_bytes_per_s=9 * MB),
+            ProcessRow(3, "u", 0, MB, MB, 0.0, "c", gpu_growth_bytes_per_s=5 * MB),
+            ProcessRow(4, "u", 0, MB, MB, 0.0, "d", gpu_growth_bytes_per_s=None))
+    ev = replace(evidence(), processes=rows, device=DeviceEvidence(0, "H100", None, Series((), ())))
+    assert growth_ranking(ev, "gpu") == [(3, 5 * MB), (1, 2 * MB)]
+
+
+def test_a_growth_exactly_at_the_fast_alert_rate_settles_at_the_fast_duration():
+    th = LeakThresholds()
+    at_rate = th.rate_margin * th.alert_rate(th.fast_duration_s)
+    assert settle_seconds(th, at_rate, 5.0) == math.ceil(th.fast_duration_s / 0.55)
+
+
+def test_a_window_whose_untouched_span_reaches_the_least_span_keeps_the_thresholds_a_shorter_one_scales_them():
+    th = LeakThresholds(min_span_s=10.0, fast_duration_s=20.0)
+    assert window_thresholds(th, 25.0) == th  # 40 % of 25 s is the least span itself
+    short = window_thresholds(th, 20.0)
+    assert (short.min_span_s, short.fast_duration_s) == (8.0, 8.0)
+    assert window_thresholds(th, 60.0) == th
+
+
+def test_step_4_is_step_4_whether_the_process_exited_or_no_growth_is_known_and_ranks_by_itself():
+    rows = (ProcessRow(1, "u", None, None, MB, 0.0, "serve", rss_growth_bytes_per_s=2 * MB + 0.26),
+            ProcessRow(2, "u", None, None, MB, 0.0, "other", rss_growth_bytes_per_s=1 * MB))
+    ev = replace(evidence(), processes=rows)
+    calm = step_locate(ev, assessment("no-leak", "flat"), "rss")
+    assert (calm.number, calm.status) == (4, "ok") and [r["pid"] for r in calm.evidence["ranking"]] == [1, 2]
+    assert calm.evidence["ranking"][0]["growth_bytes_per_s"] == 2000000.3
+    assert step_locate(ev, assessment(), "rss").status == "alert"
+    assert step_locate(ev, None, "rss").status == "ok"
+    gone = step_locate(replace(ev, exited=True), assessment(), "rss")
+    assert (gone.number, gone.status) == (4, "warn")
+    alone = step_locate(evidence(), assessment(), "rss")
+    assert (alone.number, alone.status) == (4, "ok")
+
+
+def test_step_6_is_step_6_in_every_branch():
+    cases = [(evidence(), None, "rss"), (evidence(), assessment("no-leak", "cache-growth"), "gpu"),
+             (evidence(kv=0.95), assessment(), "gpu"), (evidence(), assessment(), "rss"),
+             (evidence(), assessment("inconclusive"), "rss"), (evidence(), assessment("no-leak", "flat"), "rss")]
+    for ev, memory, source in cases:
+        step = step_classify(ev, memory, source)[0]
+        assert (step.number, step.title) == (6, "Classify"), step
+
+
+def unseen(held, growth=10 * MB, times=TIMES):
+    return unseen_growth(attribution([site("s", held)], times=times), assessment(growth=growth), "rss")
+
+
+def test_a_tracker_that_saw_exactly_a_tenth_of_the_growth_saw_it():
+    # kept: the reads from 1 s on (23 of them, 11 s); 11 MB gained over 11 s is 1 MB/s, a tenth of 10 MB/s
+    assert unseen([int(MB * t) for t in TIMES]) is None
+    assert unseen([int(0.99 * MB * t) for t in TIMES]) is not None
+
+
+def test_what_a_site_gained_is_counted_from_the_least_of_its_first_quarter_of_reads():
+    # the first quarter: the five reads from 1 s to 3 s; the least of them is at 3 s
+    dip = [0.0 if t == 3.0 else (10 * MB if t < 3.0 else 10.5 * MB) for t in TIMES]
+    assert unseen(dip, growth=1 * MB) is None  # 10.5 MB gained: seen
+    later = [0.0 if t == 3.5 else (10 * MB if t < 3.5 else 10.5 * MB) for t in TIMES]
+    assert unseen(later, growth=1 * MB) is not None  # 0.5 MB gained from the first quarter
+    first = [0.0 if t == 1.0 else (10 * MB if t < 3.0 else 10.5 * MB) for t in TIMES]
+    assert unseen(first, growth=1 * MB) is None  # the read at 1 s is the first kept
+
+
+def test_a_short_tracking_counts_from_its_first_kept_read():
+    times = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)  # six kept reads: a quarter is one
+    assert unseen([0, 10 * MB, 10 * MB, 10 * MB, 10 * MB, 10.5 * MB], growth=2 * MB, times=times) is None
+    assert unseen([10 * MB, 0, 10 * MB, 10 * MB, 10 * MB, 10.5 * MB], growth=2 * MB, times=times) is not None
+
+
+def test_two_reads_a_second_apart_or_less_are_enough_and_one_span_of_none_is_not():
+    assert unseen([0, 0], times=(1.0, 2.0)) is not None
+    assert unseen([0, 0], times=(1.0, 1.5)) is not None
+    assert unseen([0, 0, 0], times=(0.0, 0.5, 2.0)) is None  # one read after the first second: no span
+
+
+def test_a_leak_with_no_measured_growth_or_a_tiny_one():
+    assert unseen([0] * len(TIMES), growth=None) is None
+    assert unseen([0] * len(TIMES), growth=0.5) is not None
+
+
+def test_sites_still_growing_are_named_only_when_steady_with_six_reads_or_more():
+    times6 = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+    steady = unseen([0.01 * MB * t for t in times6], times=times6)
+    assert steady is not None and [s.function for s, _ in steady.growing] == ["s"]
+    five = unseen([0.01 * MB * t for t in times6[:5]], times=times6[:5])
+    assert five is not None and five.growing == ()
+    zigzag = [0.01 * MB * t + (0.05 * MB if i % 2 else 0) for i, t in enumerate(TIMES)]
+    ragged = unseen(zigzag)
+    assert ragged is not None and ragged.growing == ()
+
+
+def test_a_gain_at_the_last_read_is_seen():
+    jump = [0.0] * (len(TIMES) - 1) + [20 * MB]
+    assert unseen(jump) is None
+
+
+def test_sites_still_growing_come_fastest_first_and_must_still_rise_at_the_end():
+    def rising(first: float, then: float) -> list[float]:
+        return [first * t if t <= 6.0 else first * 6.0 + then * (t - 6.0) for t in TIMES]
+
+    att = attribution([site("slow", rising(0.01 * MB, 0.01 * MB)), site("fast", rising(0.02 * MB, 0.02 * MB)),
+                       site("slowing", rising(0.02 * MB, 0.012 * MB)), site("stopping", rising(0.02 * MB, 0.0005 * MB))])
+    found = unseen_growth(att, assessment(growth=10 * MB), "rss")
+    assert found is not None
+    assert [s.function for s, _ in found.growing] == ["fast", "slowing", "slow"]
