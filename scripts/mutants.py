@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import dataclasses
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -124,9 +126,8 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_ASSESSMENT, "LeakThresholds.alert_rate", "if duration_s < self.fast_duration_s - 1e-9:", "1e-09 -> 2e-09"):
         "the same room, doubled: durations are whole seconds or measured to the millisecond",
     (_ASSESSMENT, "LeakThresholds.alert_rate",
-     "if self.slow_window_s > self.fast_duration_s and self.fast_rate > self.slow_rate:", "Gt -> GtE"):
-        "(both comparisons) equal windows still divide by log(1) = 0 in the power law; equal rates give "
-        "an exponent of 0, which is the fast rate, as the other branch's min() is",
+     "if self.slow_window_s > self.fast_duration_s and self.fast_rate > self.slow_rate:", "Gt -> GtE (#2)"):
+        "equal rates give the power law an exponent of 0: the fast rate, which the other branch's min() is",
     (_VERDICT, "growth_of", "uncertainty = ROBUST_SIGMA * _median(residuals) / spread if len(points) > 2 else 0.0",
      "Gt -> GtE"): "a Theil-Sen line through two points passes through both: the residuals are 0",
     (_VERDICT, "growth_of", "uncertainty = ROBUST_SIGMA * _median(residuals) / spread if len(points) > 2 else 0.0",
@@ -150,7 +151,24 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the ranking holds only processes whose RSS is known and not 0",
     ("gpuscope/core/target/privilege.py", "owner_of",
      'return Owner(fields["Uid"][0], fields["Gid"][0], tuple(fields.get("Groups", ())))', "0 -> 1"):
-        "(the uid's and the gid's) all four ids are the same by then, or it has raised NotPermitted",
+        "the uid's: all four ids are the same by then, or it has raised NotPermitted",
+    ("gpuscope/core/target/privilege.py", "owner_of",
+     'return Owner(fields["Uid"][0], fields["Gid"][0], tuple(fields.get("Groups", ())))', "0 -> 1 (#2)"):
+        "the gid's, the same",
+    ("gpuscope/core/diagnosis/steps.py", "settle_seconds", "rate = growth_bytes_per_s or 0.0", "0.0 -> 1.0"):
+        "no growth read as 1 B/s is still under min_rate: None either way",
+    ("gpuscope/core/diagnosis/steps.py", "settle_seconds",
+     "while lasted < th.slow_window_s * 4 and th.rate_margin * th.alert_rate(lasted) > rate:", "Lt -> LtE"):
+        "lasted is 10 s x 1.25^k, never exactly four slow windows",
+    ("gpuscope/core/diagnosis/steps.py", "unseen_growth",
+     "if growth <= 0 or span <= 0 or not trackers or not att.sites:", "LtE -> Lt"):
+        "(the growth's) with no growth, what was seen (never negative) is at least a tenth of it: None either way",
+    ("gpuscope/core/diagnosis/steps.py", "unseen_growth",
+     "slope, late = theil_sen(points) or 0.0, theil_sen(points[len(points) // 2:]) or 0.0", "0.0 -> 1.0"):
+        "Theil-Sen answers for two points or more, and a site here has six",
+    ("gpuscope/core/diagnosis/steps.py", "unseen_growth",
+     "slope, late = theil_sen(points) or 0.0, theil_sen(points[len(points) // 2:]) or 0.0", "0.0 -> 1.0 (#2)"):
+        "the same for the late half (three points or more)",
 }
 
 PER_MUTANT_TIMEOUT_S = 300
@@ -256,6 +274,12 @@ def mutants_of(target: Target) -> list[Mutant]:
                 out.append(_mutated(tree, node, apply, target, name, what, lines))
             for what, child, apply in _unary_edits(node):
                 out.append(_mutated(tree, node, apply, target, name, what, lines, line=child.lineno))
+    # The same change twice on one line (two `<=` of one condition): the second is "(#2)", and so on.
+    count: dict[tuple[str, str, str, str], int] = {}
+    for i, m in enumerate(out):
+        count[m.key] = count.get(m.key, 0) + 1
+        if count[m.key] > 1:
+            out[i] = dataclasses.replace(m, what=f"{m.what} (#{count[m.key]})")
     return out
 
 
@@ -333,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no mutant is {key} any more: drop it from EQUIVALENT")
     picked = [(name, m) for name, m in every if m.key not in EQUIVALENT][::max(1, args.every)]
     if args.survivors:
-        survived = {line.strip().removeprefix("survived: ") for line in Path(args.survivors).read_text().splitlines()
-                    if line.strip().startswith("survived: ")}
-        picked = [(name, m) for name, m in picked if m.describe() in survived]
+        survived = {_unnumbered(line.strip().removeprefix("survived: "))
+                    for line in Path(args.survivors).read_text().splitlines() if line.strip().startswith("survived: ")}
+        picked = [(name, m) for name, m in picked if _unnumbered(m.describe()) in survived]
     if args.list:
         for _, m in picked:
             print(m.describe())
@@ -379,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     for m in total["error"]:
         print(f"  would not run: {m.describe()}")
     return 0
+
+
+def _unnumbered(described: str) -> str:
+    """A mutant's description without its "(#2)": a survivor of a run is run again with its twins."""
+    return re.sub(r" \(#\d+\):", ":", described, count=1)
 
 
 def _share(outcomes: dict[str, list[Mutant]]) -> str:
