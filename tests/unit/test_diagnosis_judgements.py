@@ -27,6 +27,7 @@ from gpuscope.core.diagnosis.steps import (
 from gpuscope.core.leak import LeakAssessment, LeakThresholds
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.serving.model import ServingSnapshot, Signals
+from gpuscope.core.target.stacks import Suspect
 
 MB = 1e6
 TIMES = tuple(i * 0.5 for i in range(25))  # 12 s of tracking
@@ -351,3 +352,69 @@ def test_sites_still_growing_come_fastest_first_and_must_still_rise_at_the_end()
     found = unseen_growth(att, assessment(growth=10 * MB), "rss")
     assert found is not None
     assert [s.function for s, _ in found.growing] == ["fast", "slowing", "slow"]
+
+
+def test_the_sites_decide_in_step_6_with_their_last_held_bytes_and_rounded_confidence():
+    ev = leaking_evidence(rate=0.0)
+    held = [2 * MB * t for t in TIMES]
+    held[8:12] = [held[12]] * 4  # a stretch held level: ties among the floors, a tau under 1
+    grow = site("grow", held)
+    d = diagnosed(ev, attribution([grow], heap=[50 * MB + 2 * MB * t for t in TIMES]))
+    step = d.steps[5]
+    assert (d.verdict, step.number, step.title) == ("leak", 6, "Classify")
+    assert d.evidence.sites[0].held_bytes == int(held[-1])
+    trend = site_trends(attribution([grow]), LeakThresholds())[0][1]
+    assert trend.confidence != round(trend.confidence, 2)
+    assert d.evidence.confidence == round(trend.confidence, 2)
+
+
+def test_the_memory_trend_confidence_is_rounded_and_no_data_is_none():
+    d = diagnose(leaking_evidence())
+    assert d.memory.confidence != round(d.memory.confidence, 2)
+    assert d.evidence.confidence == round(d.memory.confidence, 2)
+    none = diagnose(Evidence(pid=1, command="x", duration_s=30.0, rss=Series((), ())))
+    assert (none.evidence.confidence, none.memory.confidence, none.memory.samples, none.memory.span_s) == (0.0, 0.0, 0, 0.0)
+
+
+def test_the_five_sites_held_most_are_in_the_evidence():
+    sites = [site(f"s{k}", [MB * (k + 1)] * len(TIMES)) for k in range(6)]
+    d = diagnosed(leaking_evidence(rate=0.0), attribution(sites))
+    assert len(d.evidence.sites) == 5
+
+
+def test_too_short_a_stretch_to_judge_still_reads_the_growth_of_its_floor():
+    times = (-4.0, -3.0, -2.0, -1.0, 0.0)
+    ev = Evidence(pid=1, command="x", duration_s=4.0, rss=Series(times, (100 * MB, None, 102 * MB, 103 * MB, 104 * MB)))
+    d = diagnose(ev)
+    assert d.memory.growth_bytes_per_s == pytest.approx(1 * MB)
+    three = Evidence(pid=1, command="x", duration_s=4.0, rss=Series(times, (100 * MB, None, None, 103 * MB, 104 * MB)))
+    assert diagnose(three).memory.growth_bytes_per_s is None
+
+
+def test_the_seconds_a_tracker_took_out_of_the_memory_trend_are_said_before_the_end():
+    d = diagnose(replace(leaking_evidence(), instrumented=((-40.0, -30.0),)))
+    start, end = d.evidence.excluded_s_before_end
+    assert start == 40.0 and 0.0 < end < 30.0
+
+
+def suspect(method: str) -> Suspect:
+    return Suspect("f", "app.py", 1, 100, 0.5, method)
+
+
+def test_sites_of_a_tracker_that_did_not_see_the_growth_are_no_suspects():
+    small = [site("small", [0.05 * MB * t for t in TIMES])]
+    for method, kept in (("tracemalloc", False), ("memray", False), ("stack-sampling", True)):
+        att = replace(attribution(small), suspects=(suspect(method),))
+        d = diagnosed(leaking_evidence(), att)
+        assert d.evidence.unseen_growth is not None
+        assert bool(d.suspects) is kept, method
+
+
+def test_stack_samples_blame_nothing_when_the_memory_does_not_leak():
+    flat = leaking_evidence(rate=0.0)
+    for method, kept in (("stack-sampling", False), ("memray", True)):
+        att = replace(attribution([]), suspects=(suspect(method),), method=method)
+        d = diagnosed(flat, att)
+        assert d.verdict == "no-leak" and bool(d.suspects) is kept, method
+    leaking = diagnosed(leaking_evidence(), replace(attribution([]), suspects=(suspect("stack-sampling"),)))
+    assert leaking.suspects
