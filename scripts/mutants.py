@@ -4,7 +4,8 @@
 Each mutant is one small change to one function of the core (a comparison's boundary or sense
 flipped, `and` made `or`, a `not` dropped, an arithmetic operator swapped, a constant moved, a
 returned boolean inverted, a negation dropped), made on the syntax tree of a copy of the
-repository. The tests that guard that part of the core then run against the copy (stopping at
+repository. What an f-string formats is a message's wording and is left alone, except in the
+rules, whose f-strings are the PromQL they judge with. The tests that guard that part of the core then run against the copy (stopping at
 the first failure, with a time limit per mutant): a failure or a timeout catches the mutant; a
 pass lets it survive. The share caught and the survivors are printed.
 
@@ -17,8 +18,9 @@ Run on demand, not in CI (it runs the guarding tests once per mutant):
     python scripts/mutants.py --jobs 2        # two mutants at a time (each in its own copy)
     python scripts/mutants.py --survivors OUT # only those an earlier run's output OUT lists as survived
 
-Some survivors are equivalent mutants (`<` made `<=` where the two never differ on real data):
-read them before writing a test for them.
+Some survivors are equivalent mutants (`<` made `<=` where the two never differ on any input):
+those are listed in EQUIVALENT, each with why, and left out of the count; write a test of the
+behaviour for any other survivor.
 """
 
 from __future__ import annotations
@@ -155,6 +157,9 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     ("gpuscope/core/target/privilege.py", "owner_of",
      'return Owner(fields["Uid"][0], fields["Gid"][0], tuple(fields.get("Groups", ())))', "0 -> 1 (#2)"):
         "the gid's, the same",
+    ("gpuscope/core/common/redact.py", "_option",
+     "if len(option) == 2 and word.startswith(option) and len(word) > 2:  # -pPW, -uuser:pw", "Gt -> GtE"):
+        "a two-character word that starts with a two-character option is the option, handled just before",
     ("gpuscope/core/diagnosis/steps.py", "settle_seconds", "rate = growth_bytes_per_s or 0.0", "0.0 -> 1.0"):
         "no growth read as 1 B/s is still under min_rate: None either way",
     ("gpuscope/core/diagnosis/steps.py", "settle_seconds",

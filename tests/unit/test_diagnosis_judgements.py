@@ -418,3 +418,15 @@ def test_stack_samples_blame_nothing_when_the_memory_does_not_leak():
         assert d.verdict == "no-leak" and bool(d.suspects) is kept, method
     leaking = diagnosed(leaking_evidence(), replace(attribution([]), suspects=(suspect("stack-sampling"),)))
     assert leaking.suspects
+
+
+def test_a_tracker_that_ran_to_the_end_took_no_seconds_before_it():
+    d = diagnose(replace(leaking_evidence(), instrumented=((-0.5, 0.0),)))
+    assert d.evidence.excluded_s_before_end == (0.5, 0.0)
+
+
+def test_a_leak_from_a_young_process_s_first_seconds_is_said_to_be_maybe_its_warm_up():
+    ev = replace(leaking_evidence(), ended_at=1_000_000.0, started_at=1_000_000.0 - 35.0)
+    d = diagnose(ev)
+    assert d.verdict == "leak" and "warming up" in d.steps[5].finding
+    assert "warming up" not in diagnose(replace(ev, started_at=1_000_000.0 - 3600.0)).steps[5].finding

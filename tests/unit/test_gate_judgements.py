@@ -492,3 +492,9 @@ def test_the_example_of_a_site_is_the_first_round_that_held_most():
     first, later = Site("a", "app.py", 1, MB, count=1), Site("a", "app.py", 1, MB, count=2)
     grown = grown_sites(rounds([0, 0, 0], sites=[None, (first,), (later,)]), ())
     assert grown[0].site.count == 1
+
+
+def test_the_growth_is_said_per_request_only_when_requests_were_counted():
+    counted = criterion(judge(run_of(rounds([0, 10, 20], requests=[None, 5, 5])), None), "rss-growth")
+    assert "per request" in counted.message
+    assert "per request" not in criterion(judge(run_of(rounds([0, 10, 20])), None), "rss-growth").message

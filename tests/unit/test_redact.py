@@ -71,3 +71,7 @@ def test_only_gpuscope_s_own_credentials_leave_its_childrens_environment():
     env = {"GPUSCOPE_PROMETHEUS_TOKEN": "t", "GPUSCOPE_PROMETHEUS_USER": "u", "GPUSCOPE_REFRESH": "1",
            "API_TOKEN": "a", "PATH": "/bin"}
     assert without_own_secrets(env) == {"GPUSCOPE_REFRESH": "1", "API_TOKEN": "a", "PATH": "/bin"}
+
+
+def test_an_empty_quoted_secret_keeps_both_quotes():
+    assert redact_text('password=""') == f'password="{MASK}"'
