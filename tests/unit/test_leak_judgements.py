@@ -184,6 +184,7 @@ SHAPES = {
     "churn": [2 * MB * t if i != 30 else -30 * MB for i, t in enumerate(TIMES)],
     "small": [0.08 * MB * t for t in TIMES],
     "late batch": [0.0] * 30 + [2 * MB * (i + 1) for i in range(19)],
+    "small cache": [min(0.25 * MB * t, 0.5 * MB) for t in TIMES],
 }
 
 
@@ -351,3 +352,8 @@ def test_levelled_needs_a_megabyte_of_rise_then_a_quarter_of_one_at_most():
     assert tracking_settled(times, [], [("heap", stepped(2 * MB, 0.22 * MB))]).kind == "levelled"
     assert tracking_settled(times, [], [("heap", stepped(2 * MB, 0.26 * MB))]) is None
     assert tracking_settled(times, [], [("heap", stepped(0.5 * MB, 0.1 * MB))]) is None
+
+
+def test_a_rise_says_how_long_it_lasted_whenever_tracking_began():
+    moved = held_trend([t + 1000.0 for t in TIMES], [v + 500 * MB for v in SHAPES["rising"]])
+    assert f"steadily for {format_duration(12.0)} " in moved.reason
