@@ -108,3 +108,31 @@ def test_the_serving_source_finds_the_jump_and_every_snapshot_consumer_gets_it(t
     recording = open_recording(path)
     assert recording.serving[-1].p99_jump == found[-1].p99_jump
     assert f"**{jump.describe()}**" in build_report(recording)
+
+
+def _points(values, start=1000.0):
+    return [(start + 15.0 * i, v) for i, v in enumerate(values)]
+
+
+def test_a_shift_of_exactly_a_fifth_is_a_jump_once_it_has_lasted():
+    # a noiseless 5 s: sigma is 5 % of it (0.25 s); each point at 6 s adds 3 sigmas beyond the slack
+    assert latency_jump(_points([5.0] * 20 + [6.0] * 2)) is None  # 6 sigmas: not beyond the limit yet
+    jump = latency_jump(_points([5.0] * 20 + [6.0] * 3))
+    assert jump is not None and (jump.before_s, jump.after_s) == (5.0, 6.0)
+
+
+def test_a_jump_starts_at_the_first_point_above_the_baseline():
+    points = _points([5.0] * 20 + [5.4] + [6.0] * 3)
+    jump = latency_jump(points)
+    assert jump is not None and jump.started == points[20][0]
+
+
+def test_the_baselines_spread_is_its_median_absolute_deviation_as_a_standard_deviation():
+    # alternating 1.0 and 1.2 s: a MAD of 0.1 s, sigma 0.148 s; 1.5 s is 1.7 sigmas beyond the slack a point
+    assert latency_jump(_points([1.0, 1.2] * 10 + [1.5] * 4)) is not None
+    assert latency_jump(_points([1.0, 1.2] * 10 + [1.5] * 3)) is None
+
+
+def test_the_baseline_is_the_first_half_of_the_history():
+    # 10 points at 1 s, then 2 s for the rest: the first half of 44 points is mostly at 2 s
+    assert latency_jump(_points([1.0] * 10 + [2.0] * 34)) is None

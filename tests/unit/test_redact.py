@@ -26,3 +26,52 @@ def test_ordinary_options_are_left_alone():
 
 def test_a_joined_string_is_split_before_redaction():
     assert redact_command("python serve.py --api-key sk-99 --port 1") == f"python serve.py --api-key {MASK} --port 1"
+
+
+def test_a_name_of_digits_or_separators_only_names_no_secret():
+    from gpuscope.core.common.redact import is_secret_name
+    assert not is_secret_name("2") and not is_secret_name("_") and is_secret_name("TOKEN_2")
+
+
+def test_a_quoted_secret_keeps_its_quotes_and_an_unclosed_one_stays_unclosed():
+    assert redact_text('password="abc"') == f'password="{MASK}"'
+    assert redact_text('password="abc') == f'password="{MASK}'
+    assert redact_text('token="') == f'token="{MASK}'
+
+
+def test_bearer_and_basic_credentials_anywhere_in_text():
+    assert redact_text("sent Bearer abc.def-123 to it") == f"sent Bearer {MASK} to it"
+    assert redact_text("sent basic dXNlcjpwYXNzd29yZA== to it") == f"sent basic {MASK} to it"
+
+
+def test_program_options_attached_or_with_an_equals_sign():
+    assert redact_args(["mysql", "-px", "db"]) == ["mysql", f"-p{MASK}", "db"]
+    assert redact_args(["mysql", "-pPW", "db"]) == ["mysql", f"-p{MASK}", "db"]
+    assert redact_args(["curl", "-ubob:pw", "x"]) == ["curl", f"-ubob:{MASK}", "x"]
+    assert redact_args(["curl", "--user=bob:pw", "x"]) == ["curl", f"--user=bob:{MASK}", "x"]
+
+
+def test_only_words_shaped_like_options_are_options():
+    assert redact_args(["x", "---password", "y"]) == ["x", "---password", "y"]
+    assert redact_args(["x", "--2password", "y"]) == ["x", "--2password", "y"]
+    assert redact_args(["x", "-t", "y"]) == ["x", "-t", "y"]
+    assert redact_args(["x", "--password", "y"]) == ["x", "--password", MASK]
+
+
+def test_an_assignment_masks_its_whole_value_spaces_too():
+    assert redact_args(["env", "API_TOKEN=a b c", "x"]) == ["env", f"API_TOKEN={MASK}", "x"]
+
+
+def test_an_empty_argument_is_quoted_in_a_command_line():
+    assert redact_command(["a", "", "b"]) == "a '' b"
+
+
+def test_only_gpuscope_s_own_credentials_leave_its_childrens_environment():
+    from gpuscope.core.common.redact import without_own_secrets
+    env = {"GPUSCOPE_PROMETHEUS_TOKEN": "t", "GPUSCOPE_PROMETHEUS_USER": "u", "GPUSCOPE_REFRESH": "1",
+           "API_TOKEN": "a", "PATH": "/bin"}
+    assert without_own_secrets(env) == {"GPUSCOPE_REFRESH": "1", "API_TOKEN": "a", "PATH": "/bin"}
+
+
+def test_an_empty_quoted_secret_keeps_both_quotes():
+    assert redact_text('password=""') == f'password="{MASK}"'
