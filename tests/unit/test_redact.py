@@ -75,3 +75,9 @@ def test_only_gpuscope_s_own_credentials_leave_its_childrens_environment():
 
 def test_an_empty_quoted_secret_keeps_both_quotes():
     assert redact_text('password=""') == f'password="{MASK}"'
+
+
+def test_a_scheme_word_after_a_secret_name_does_not_leave_the_token_behind():
+    for text in ("X-Auth: Bearer abc.def-123", "api_key=Basic QWxhZGRpbjpvcGVuc2VzYW1l"):
+        masked = redact_text(text)
+        assert "abc.def-123" not in masked and "QWxhZGRpbjpvcGVuc2VzYW1l" not in masked, masked

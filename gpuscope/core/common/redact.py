@@ -115,8 +115,10 @@ def _redact(text: str) -> str:
     text = _HEADER.sub(lambda m: m["head"] + MASK, text)
     text = _URL_CREDENTIALS.sub(lambda m: m["head"] + MASK + "@", text)
     text = _USERINFO.sub(lambda m: m["head"] + MASK + "@", text)
-    text = _mask_pairs(text)
+    # Credentials after a scheme word first: a secret name before it ("X-Auth: Bearer t") would
+    # mask the scheme word and leave the token after it.
     text = _BEARER.sub(lambda m: (m["head"] or m["basic"]) + MASK, text)
+    text = _mask_pairs(text)
     text = _SHAPED_TOKEN.sub(lambda m: m["prefix"] + MASK, text)
     if any(c.isspace() for c in text):
         text = _mask_option_values(text)
