@@ -95,10 +95,11 @@ TARGETS: dict[str, tuple[Target, ...]] = {
                ("tests/unit/test_guarantees_judgements.py", "tests/unit/test_changepoint.py")),
     ),
     "exporter": (
-        Target("gpuscope/core/fleet/exporter.py", ("choose_exported", "_short", "parse_cgroup", "nvml_reason"),
+        Target("gpuscope/core/fleet/exporter.py", ("choose_exported", "_short", "nvml_reason"),
                ("tests/unit/test_exporter_labels.py",
-                "tests/integration/test_exporter.py::test_choose_exported_keeps_the_top_of_each_ranking_and_every_alert",
-                "tests/integration/test_exporter.py::test_cgroup_names_the_pod_and_the_container")),
+                "tests/integration/test_exporter.py::test_choose_exported_keeps_the_top_of_each_ranking_and_every_alert")),
+        Target("gpuscope/core/node/cgroup.py", ("parse_cgroup",),
+               ("tests/unit/test_cgroup.py", "tests/unit/test_exporter_labels.py")),
     ),
     "redaction": (
         Target("gpuscope/core/common/redact.py", (), ("tests/unit/test_redact.py", "tests/security/test_redaction_forms.py")),

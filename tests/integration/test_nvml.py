@@ -143,9 +143,10 @@ def test_ps_json_end_to_end_with_gpu_processes(tmp_path, spawn_python):
     assert rows[0] == {
         "pid": child.pid, "user": rows[0]["user"], "gpu": 0, "gpu_memory_bytes": None,
         "rss_bytes": rows[0]["rss_bytes"], "cpu_percent": rows[0]["cpu_percent"], "command": rows[0]["command"],
+        "runs_in": rows[0]["runs_in"],
     }
     assert rows[0]["rss_bytes"] > 0 and str(child.args[1]) in rows[0]["command"]
-    assert all(set(r) == {"pid", "user", "gpu", "gpu_memory_bytes", "rss_bytes", "cpu_percent", "command"} for r in rows)
+    assert all(set(r) == {"pid", "user", "gpu", "gpu_memory_bytes", "rss_bytes", "cpu_percent", "command", "runs_in"} for r in rows)
 
 
 def test_a_hung_nvml_never_stops_host_frames_or_piles_up_threads(fake_nvml, monkeypatch):

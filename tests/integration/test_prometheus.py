@@ -160,6 +160,9 @@ def test_live_prometheus_source(stack):
 
 def test_command_with_prometheus_and_secrets_never_shown(stack):
     prom, _, _ = stack
+    # This worker's Prometheus may not have scraped the demo yet: its profile needs its series.
+    wait_until(lambda: prom.value('sum(rag_request_latency_seconds_count{job="demo"})') == 3,
+               timeout=20, what="Prometheus to see the demo's 3 requests")
     url = prom.url.replace("http://", f"http://admin:{PASSWORD}@")
     out = subprocess.run(
         [*gpuscope_cmd(), "metrics", "--prometheus", url, "--job", "demo", "--window", "0", "--json"],

@@ -3,7 +3,8 @@ short reason, a process's pod and container, and which processes it exports."""
 
 from __future__ import annotations
 
-from gpuscope.core.fleet.exporter import _short, choose_exported, nvml_reason, parse_cgroup
+from gpuscope.core.fleet.exporter import _short, choose_exported, nvml_reason
+from gpuscope.core.node.cgroup import parse_cgroup
 from gpuscope.core.node.host import HostProcess
 
 UID = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
@@ -26,17 +27,12 @@ def test_nvml_status_reads_as_a_short_reason():
     assert nvml_reason("Unknown Error") == "error"
 
 
-def test_the_first_pod_and_the_first_container_named_are_kept():
-    other = "9" * 8 + "-5f60-7182-93a4-b5c6d7e8f901"
-    text = (f"1:cpu:/kubepods/besteffort/pod{UID}/{'ab' * 32}\n"
-            f"0::/kubepods/besteffort/pod{other}/{'cd' * 32}\n")
-    cg = parse_cgroup(text)
-    assert (cg.pod_uid, cg.container_id) == (UID, "ab" * 32)
+def test_the_pod_and_container_labels_come_from_paths_read_whole_and_lines_read_together():
     # a path with colons of its own is read whole (only the first two separate the fields)
-    odd = parse_cgroup(f"0::/kubepods/pod{UID}/x:y/{'ef' * 32}\n")
+    odd = parse_cgroup(f"0::/kubepods/pod{UID}/x:y/{'ef' * 32}\n".encode())
     assert (odd.pod_uid, odd.container_id) == (UID, "ef" * 32)
     # a pod named on one line and its container on a later one
-    split = parse_cgroup(f"1:cpu:/kubepods/pod{UID}\n0::/system.slice/docker-{'12' * 32}.scope\n")
+    split = parse_cgroup(f"1:cpu:/kubepods/pod{UID}\n0::/system.slice/docker-{'12' * 32}.scope\n".encode())
     assert (split.pod_uid, split.container_id) == (UID, "12" * 32)
 
 

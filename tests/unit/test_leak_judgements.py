@@ -13,6 +13,11 @@ from gpuscope.core.leak._life import ended_run, warming_up
 MB = 1e6
 TIMES = [i * 0.25 for i in range(49)]  # 12 s read 4 times a second
 
+def settled_by(times, sites, totals):
+    """`tracking_settled` with the totals named: ("heap", series), ("rss", series)."""
+    named = dict(totals)
+    return tracking_settled(times, sites, named.get("heap", []), named.get("rss", []))
+
 
 # -- a process's age and life ---------------------------------------------------------------------------
 
@@ -124,14 +129,14 @@ def settle_times(seconds: float, step: float = 0.5) -> list[float]:
 def test_a_tracker_is_not_stopped_before_six_seconds_and_six_points():
     times = settle_times(5.5)
     rising = [("site", [4 * MB * t for t in times])]
-    assert tracking_settled(times, rising, []) is None
+    assert settled_by(times, rising, []) is None
     times = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0]  # six seconds, five points after the first second
-    assert tracking_settled(times, [("site", [4 * MB * t for t in times])], []) is None
+    assert settled_by(times, [("site", [4 * MB * t for t in times])], []) is None
 
 
 def test_a_site_rising_steadily_settles_as_rising():
     times = settle_times(8.0)
-    settled = tracking_settled(times, [("flat", [MB] * len(times)), ("grow", [4 * MB * t for t in times])], [])
+    settled = settled_by(times, [("flat", [MB] * len(times)), ("grow", [4 * MB * t for t in times])], [])
     assert settled is not None and settled.kind == "rising" and settled.reason.startswith("grow rose")
 
 
@@ -139,39 +144,39 @@ def test_the_heap_rising_settles_but_the_rss_alone_does_not():
     times = settle_times(8.0)
     rising = [4 * MB * t for t in times]
     flat = [100 * MB] * len(times)
-    heap = tracking_settled(times, [], [("heap", rising), ("rss", flat)])
+    heap = settled_by(times, [], [("heap", rising), ("rss", flat)])
     assert heap is not None and heap.kind == "rising"
-    rss = tracking_settled(times, [], [("heap", flat), ("rss", rising)])
+    rss = settled_by(times, [], [("heap", flat), ("rss", rising)])
     assert rss is None  # the RSS still moving: keep tracking
 
 
 def test_flat_totals_settle_as_flat_and_one_that_rose_then_levelled_as_levelled():
     times = settle_times(9.0)
     flat = [100 * MB] * len(times)
-    settled = tracking_settled(times, [], [("heap", flat), ("rss", flat)])
-    assert settled is not None and settled.kind == "flat" and settled.reason.startswith("heap and rss flat")
+    settled = settled_by(times, [], [("heap", flat), ("rss", flat)])
+    assert settled is not None and settled.kind == "flat" and settled.reason.startswith("the heap in use and the RSS flat")
     # the floors of the thirds: 100, 108, 108 MB
     levelled = [100 * MB if t < 3.5 else 108 * MB for t in times]
-    settled = tracking_settled(times, [], [("heap", flat), ("rss", levelled)])
-    assert settled is not None and settled.kind == "levelled" and settled.reason.startswith("rss rose")
+    settled = settled_by(times, [], [("heap", flat), ("rss", levelled)])
+    assert settled is not None and settled.kind == "levelled" and settled.reason.startswith("the RSS rose")
 
 
 def test_totals_still_moving_keep_the_tracker_going():
     times = settle_times(9.0)
     # a rise too ragged to be steady, too large to be flat
     ragged = [100 * MB + (3 * MB if i % 2 else 0) + 0.6 * MB * t for i, t in enumerate(times)]
-    assert tracking_settled(times, [], [("heap", ragged)]) is None
-    assert tracking_settled(times, [], []) is None  # nothing to judge
+    assert settled_by(times, [], [("heap", ragged)]) is None
+    assert settled_by(times, [], []) is None  # nothing to judge
 
 
 def test_reads_of_the_first_second_and_missing_reads_are_left_out():
     times = settle_times(8.0)
     # the tracker's own start: 50 MB in its first second, flat after
     start = [50 * MB * (1 - t) if t < 1.0 else 0.0 for t in times]
-    settled = tracking_settled(times, [], [("heap", start)])
+    settled = settled_by(times, [], [("heap", start)])
     assert settled is not None and settled.kind == "flat"
     gaps = [None if i % 2 else 100 * MB for i in range(len(times))]
-    settled = tracking_settled(times, [], [("heap", gaps)])
+    settled = settled_by(times, [], [("heap", gaps)])
     assert settled is not None and settled.kind == "flat"
 
 
@@ -320,24 +325,24 @@ def test_a_slow_window_as_long_as_the_fast_one_takes_the_lower_rate():
 
 def test_a_tracker_may_stop_with_six_points_after_its_first_second_and_six_seconds():
     times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-    settled = tracking_settled(times, [("site", [4 * MB * t for t in times])], [])
+    settled = settled_by(times, [("site", [4 * MB * t for t in times])], [])
     assert settled is not None and settled.kind == "rising"
-    flat = tracking_settled(times, [], [("heap", [100 * MB] * len(times))])
+    flat = settled_by(times, [], [("heap", [100 * MB] * len(times))])
     assert flat is not None and flat.kind == "flat"
-    assert flat.reason == f"heap flat for {format_duration(5.0)}"
+    assert flat.reason == f"the heap in use flat for {format_duration(5.0)}"
 
 
 def test_a_site_read_fewer_times_is_judged_on_its_reads():
     times = settle_times(8.0)
     short = [4 * MB * t for t in times[:-3]]
-    settled = tracking_settled(times, [("site", short)], [])
+    settled = settled_by(times, [("site", short)], [])
     assert settled is not None and settled.kind == "rising"
 
 
 def test_a_slow_creep_within_a_megabyte_is_not_flat():
     times = settle_times(9.0)
     creep = [100 * MB + 0.1 * MB * t for t in times]  # 0.9 MB in all, 1.2 MB over the horizon
-    assert tracking_settled(times, [], [("heap", creep)]) is None
+    assert settled_by(times, [], [("heap", creep)]) is None
 
 
 def test_levelled_needs_a_megabyte_of_rise_then_a_quarter_of_one_at_most():
@@ -346,12 +351,12 @@ def test_levelled_needs_a_megabyte_of_rise_then_a_quarter_of_one_at_most():
     def stepped(rise: float, after: float) -> list[float]:
         return [100 * MB if t < 3.5 else (100 * MB + rise if t < 6.0 else 100 * MB + rise + after) for t in times]
 
-    assert tracking_settled(times, [], [("heap", stepped(1 * MB, 0.0))]).kind == "levelled"
-    assert tracking_settled(times, [], [("heap", stepped(0.99 * MB, 0.0))]) is None
-    assert tracking_settled(times, [], [("heap", stepped(2 * MB, 0.25 * MB))]).kind == "levelled"
-    assert tracking_settled(times, [], [("heap", stepped(2 * MB, 0.22 * MB))]).kind == "levelled"
-    assert tracking_settled(times, [], [("heap", stepped(2 * MB, 0.26 * MB))]) is None
-    assert tracking_settled(times, [], [("heap", stepped(0.5 * MB, 0.1 * MB))]) is None
+    assert settled_by(times, [], [("heap", stepped(1 * MB, 0.0))]).kind == "levelled"
+    assert settled_by(times, [], [("heap", stepped(0.99 * MB, 0.0))]) is None
+    assert settled_by(times, [], [("heap", stepped(2 * MB, 0.25 * MB))]).kind == "levelled"
+    assert settled_by(times, [], [("heap", stepped(2 * MB, 0.22 * MB))]).kind == "levelled"
+    assert settled_by(times, [], [("heap", stepped(2 * MB, 0.26 * MB))]) is None
+    assert settled_by(times, [], [("heap", stepped(0.5 * MB, 0.1 * MB))]) is None
 
 
 def test_a_rise_says_how_long_it_lasted_whenever_tracking_began():
