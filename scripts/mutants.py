@@ -95,9 +95,10 @@ TARGETS: dict[str, tuple[Target, ...]] = {
                ("tests/unit/test_guarantees_judgements.py", "tests/unit/test_changepoint.py")),
     ),
     "exporter": (
-        Target("gpuscope/core/fleet/exporter.py", ("choose_exported", "_short", "nvml_reason"),
+        Target("gpuscope/core/fleet/exporter.py", ("choose_exported", "nvml_reason"),
                ("tests/unit/test_exporter_labels.py",
                 "tests/integration/test_exporter.py::test_choose_exported_keeps_the_top_of_each_ranking_and_every_alert")),
+        Target("gpuscope/core/common/printable.py", ("shortened",), ("tests/unit/test_exporter_labels.py",)),
         Target("gpuscope/core/node/cgroup.py", ("parse_cgroup",),
                ("tests/unit/test_cgroup.py", "tests/unit/test_exporter_labels.py")),
     ),

@@ -3,7 +3,8 @@ short reason, a process's pod and container, and which processes it exports."""
 
 from __future__ import annotations
 
-from gpuscope.core.fleet.exporter import _short, choose_exported, nvml_reason
+from gpuscope.core.common.printable import shortened
+from gpuscope.core.fleet.exporter import choose_exported, nvml_reason
 from gpuscope.core.node.cgroup import parse_cgroup
 from gpuscope.core.node.host import HostProcess
 
@@ -11,11 +12,11 @@ UID = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
 
 
 def test_a_label_is_cut_to_its_bound_with_an_ellipsis_and_shows_no_control_character():
-    assert _short("abcd", 4) == "abcd"
-    assert _short("abcde", 4) == "abc…"
-    shown = _short("evil\x1b[2J\nname\x00", 120)
+    assert shortened("abcd", 4) == "abcd"
+    assert shortened("abcde", 4) == "abc…"
+    shown = shortened("evil\x1b[2J\nname\x00", 120)
     assert not any(ord(c) < 32 or ord(c) == 127 for c in shown) and shown.startswith("evil")
-    assert len(_short("\x07" * 10, 5)) == 5
+    assert len(shortened("\x07" * 10, 5)) == 5
 
 
 def test_nvml_status_reads_as_a_short_reason():

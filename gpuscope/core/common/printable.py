@@ -51,6 +51,12 @@ def printable(text: str, *, newlines: bool = False) -> str:
     return _UNSAFE.sub(_shown_keeping_newlines if newlines else _shown, text)
 
 
+def shortened(text: str, limit: int) -> str:
+    """`text` printable and cut to `limit` characters with "…" (only its first `limit` + 1 are read)."""
+    text = printable(text[: limit + 1])
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def printable_line(text: str, limit: int = 200) -> str:
     """`text` for a one-line message: printable, stripped, and cut to `limit` characters with "…"."""
     text = printable(text[: limit + 1]).strip()

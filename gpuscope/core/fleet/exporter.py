@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuscope.core.node.cgroup import NAME_CHARS as RUNS_IN_CHARS
 from gpuscope.core.node.host import HostCollector, HostProcess
 from gpuscope.core.leak import VERDICTS, LeakAssessment, LeakThresholds, LeakWatch
 from gpuscope.core.node.model import Frame, NvmlReading, TorchMemory
 from gpuscope.core.node.live import GROWTH_WINDOW_S, NodeSource
 from gpuscope.core.node.nvml import NvmlCollector
-from gpuscope.core.common.printable import printable
+from gpuscope.core.common.printable import printable, shortened
 
 TOP_PER_CRITERION = 20  # processes by GPU memory, by RSS, by growth (plus every alert)
 COMMAND_CHARS = 80
@@ -48,11 +47,6 @@ INFO_LABELS = ("node", "pid", "start_time", "command", "user", "pod_uid", "conta
 MIN_GROWTH_SAMPLES = 6  # samples a growth window holds at least, however slowly the node is sampled
 # gpuscope_nvml_up's reason: a short enum (the full text is in the exporter's log and the console)
 NVML_REASONS = ("", "not-installed", "no-driver", "no-permission", "error")
-
-def _short(text: str, limit: int) -> str:
-    text = printable(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
 
 @dataclass(frozen=True)
 class Sample:
@@ -170,7 +164,7 @@ class NodeCollector(Collector):
         gpu_total = GaugeMetricFamily("gpuscope_gpu_memory_total_bytes", "GPU memory in all (NVML).",
                                       labels=("node", "gpu", "uuid", "name"))
         for d in frame.nvml.devices:
-            labels = [node, str(d.index), printable(d.uuid or ""), _short(d.name, LABEL_CHARS)]
+            labels = [node, str(d.index), printable(d.uuid or ""), shortened(d.name, LABEL_CHARS)]
             if d.memory_used is not None:
                 gpu_used.add_metric(labels, d.memory_used)
             if d.memory_total is not None:
@@ -227,10 +221,10 @@ class NodeCollector(Collector):
         alerts = {(a.kind, a.pid, a.device) for a in frame.alerts}
         for p in exported:
             cg = p.cgroup
-            user = _short(p.user or "", LABEL_CHARS)
+            user = shortened(p.user or "", LABEL_CHARS)
             ident = [node, str(p.pid), f"{p.create_time:.2f}", user, cg.pod_uid, cg.container_id]
-            info.add_metric([*ident[:3], _short(p.command, COMMAND_CHARS), user, cg.pod_uid, cg.container_id,
-                             _short(cg.name, RUNS_IN_CHARS)], 1.0)
+            info.add_metric([*ident[:3], shortened(p.command, COMMAND_CHARS), user, cg.pod_uid, cg.container_id,
+                             cg.name], 1.0)
             if p.rss_bytes is not None:
                 p_rss.add_metric(ident, p.rss_bytes)
             rows = rows_by_pid.get(p.pid, ())

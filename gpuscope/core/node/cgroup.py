@@ -29,7 +29,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from gpuscope.core.common.printable import printable
+from gpuscope.core.common.printable import shortened
 
 READ_LIMIT = 64 * 1024  # /proc/PID/cgroup is a few lines of ~100 bytes; more is not one
 MAX_LINES = 64  # cgroup v1 has about 13 hierarchies, v2 one line
@@ -101,7 +101,7 @@ def parse_cgroup(data: bytes) -> Cgroup:
                     pod = m.group(1).replace("_", "-")
             if (not unit and (systemd or not any_systemd) and part.endswith(".service")
                     and not _USER_MANAGER.fullmatch(part)):
-                unit = _cut(printable(part[: NAME_CHARS + 1]), NAME_CHARS)
+                unit = shortened(part, NAME_CHARS)
         if container and pod and unit:
             break
     return Cgroup(unit=unit, container_id=container, runtime=runtime, pod_uid=pod)
@@ -121,6 +121,3 @@ def read_cgroup(pid: int) -> Cgroup:
         os.close(fd)
     return parse_cgroup(data)
 
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 
 from gpuscope.core.target.interpreter import is_python
-from gpuscope.core.common.printable import printable
+from gpuscope.core.common.printable import printable, shortened
 
 SEPARATOR = " · "
 # Interpreter options that take the next word as their value (python -W ignore, -X dev).
@@ -64,5 +64,4 @@ def _quote(word: str) -> str:
 def short_command(command: str, chars: int, runs_in: str = "") -> str:
     """`display_command(command, runs_in)` in at most `chars` characters, cut with an ellipsis: a
     name that says what the process runs, for a line that has room for little else."""
-    shown = display_command(command, runs_in)
-    return shown if len(shown) <= chars else shown[: chars - 1] + "…"
+    return shortened(display_command(command, runs_in), chars)
