@@ -4,7 +4,7 @@ and `gpuscope diagnose --prometheus URL --node N --pid PID [--duration S] ...`.
 Watches the process for S seconds (its memory, its GPU, the service's signals) while it looks
 for the code that allocates memory that stays, then prints the seven steps: Markdown-like text,
 or the gpuscope.diagnosis/1 JSON object. A Python service without gpuscope's probe gets one
-brought in first (sys.remote_exec, or gdb after a throwaway check), which runs the allocation
+brought in first (sys.remote_exec, or gdb or lldb after a throwaway check), which runs the allocation
 trackers inside it and stays there idle; --no-inject runs nothing inside the process.
 
 With --node, nothing on this machine is watched: the last S seconds (default 600) of the

@@ -306,7 +306,7 @@ class ConfirmAttach(ModalScreen[str | None]):
 
     def __init__(self, pid: int, *, inject: bool = True, probe: bool | None = None) -> None:
         """`inject`: whether the session may run code inside a process (else sampling only);
-        `probe`: whether the process has gpuscope's probe (memray then runs through it, no gdb)."""
+        `probe`: whether the process has gpuscope's probe (memray then runs through it, no debugger)."""
         super().__init__()
         self.pid = pid
         self.inject = inject
@@ -318,10 +318,10 @@ class ConfirmAttach(ModalScreen[str | None]):
                    "nothing is injected, and it stops as soon as gpuscope goes away")
         elif self.probe is None:
             how = ("through the service's gpuscope probe if it has one; else with memray attach, which "
-                   "injects through gdb before Python 3.14 (tried first on a throwaway process: "
+                   "injects through gdb or lldb before Python 3.14 (each tried first on a throwaway process: "
                    "refused if that is harmed)")
         else:
-            how = ("with memray attach, which injects through gdb before Python 3.14 (tried first on a "
+            how = ("with memray attach, which injects through gdb or lldb before Python 3.14 (each tried first on a "
                    "throwaway process: refused if that is harmed)")
         memray = (
             f"memray tracks allocations from inside the process, {how}. {allocations.TRACKING_COST}.\n\n"

@@ -145,7 +145,8 @@ def bare(tmp_path_factory):
 @pytest.fixture(scope="module")
 def injectable(bare) -> str | None:
     """Why the probe cannot be brought into a running process here (None: it can). Before Python
-    3.14 gdb does it, and on some CPUs gdb harms what it calls into: the throwaway check says so."""
+    3.14 a debugger does it (gdb, else lldb), and on some CPUs gdb harms what it calls into or
+    cannot call at all: the throwaway check says so."""
     version = python_version(target_interpreter(os.getpid()))
     if version is not None and version >= (3, 14):
         return None

@@ -1,9 +1,9 @@
 """`gpuscope run`: a program with the probe inside; `gpuscope run --inject`: into a running one.
 
 The launcher execs the program, so the program keeps gpuscope's PID: arguments, signals and exit
-statuses are the program's own. Injection runs code inside a live process: where gdb harms
-processes (as on machines whose CPUs have AMX state, with gdb 13) it must refuse and leave the
-target alive.
+statuses are the program's own. Injection runs code inside a live process through a debugger:
+gdb, else lldb where gdb cannot call into processes (gdb 13 on CPUs with AMX state); where both
+harm processes it must refuse and leave the target alive.
 """
 
 import json
@@ -19,7 +19,7 @@ import pytest
 from gpuscope import cli
 from gpuscope.core.target import inject
 from gpuscope.core.target import probe_client
-from gpuscope.core.target.interpreter import injection_problem, python_version_of, target_interpreter
+from gpuscope.core.target.interpreter import injection_debugger, python_version_of, target_interpreter
 
 from helpers import canary_says, gpuscope_cmd, wait_until
 
@@ -181,21 +181,51 @@ def test_injection_refuses_where_gdb_harms_processes_and_the_target_lives(spawn_
     assert target.poll() is None
 
 
-def test_injection_through_gdb_starts_the_probe_in_a_running_python(spawn_python):
+def test_injection_through_a_debugger_starts_the_probe_in_a_running_python(spawn_python):
     target = spawn_python(IDLE_PY)
     version = python_version_of(target.pid)
     if version is None or version >= (3, 14):
-        pytest.skip(f"the gdb route is for Python before 3.14; this target runs {version}")
-    problem = injection_problem(target_interpreter(target.pid))
-    if problem:
+        pytest.skip(f"the debugger route is for Python before 3.14; this target runs {version}")
+    debugger, problem = injection_debugger(target_interpreter(target.pid))
+    if debugger is None:
         pytest.skip(f"injection is unsafe here: {problem}")
     with pytest.raises(inject.InjectRefused, match="has not imported torch"):
         inject.inject_probe(target.pid)  # the default: only where torch is imported
     assert target.poll() is None
     done = inject.inject_probe(target.pid, anyway=True)
-    assert done.method == "gdb" and target.poll() is None
+    assert done.method == debugger and target.poll() is None
     with probe_client.probe_for(target.pid) as client:
         assert client.hello()["pid"] == target.pid
+
+
+def test_the_injection_takes_lldb_where_gdb_harms_processes_and_neither_where_both_do(monkeypatch):
+    from gpuscope.core.target import interpreter as target  # noqa: PLC0415 - its canary is played
+
+    monkeypatch.setattr(target, "_SAFE_INJECTION", {})
+    monkeypatch.setattr(target.shutil, "which", lambda name: f"/usr/bin/{name}")
+    harmed = {"gdb": "gdb cannot call into processes on this machine (Couldn't write extended state status)"}
+    monkeypatch.setattr(target, "_canary", lambda name, path, interpreter: harmed.get(name))
+    mine = target_interpreter(os.getpid())
+    assert target.injection_debugger(mine) == ("lldb", None)
+    harmed["lldb"] = "lldb harmed a test process when calling into it (Segmentation fault)"
+    monkeypatch.setattr(target, "_SAFE_INJECTION", {})
+    debugger, why = target.injection_debugger(mine)
+    assert debugger is None and harmed["gdb"] in why and harmed["lldb"] in why
+    del harmed["gdb"]
+    monkeypatch.setattr(target, "_SAFE_INJECTION", {})
+    assert target.injection_debugger(mine) == ("gdb", None)  # gdb first where it is safe
+
+
+def test_a_main_thread_asleep_in_one_long_call_is_said_not_to_have_run_the_queued_script(spawn_python):
+    """lldb queues the script for the main thread; one asleep for ten minutes does not run it in
+    time: the refusal says so, and the target is left running, not stopped."""
+    target = spawn_python("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    debugger, problem = injection_debugger(target_interpreter(target.pid))
+    if debugger != "lldb":
+        pytest.skip(f"lldb does not inject here (gdb runs the script before it detaches): {debugger or problem}")
+    with pytest.raises(inject.InjectRefused, match="has not run the script within 2 s .*main thread"):
+        inject.inject_probe(target.pid, anyway=True, timeout=2)
+    assert target.poll() is None and psutil.Process(target.pid).status() != psutil.STATUS_STOPPED
 
 
 @pytest.mark.skipif(sys.version_info < (3, 14), reason="sys.remote_exec needs Python 3.14 (this is %d.%d)"

@@ -33,7 +33,9 @@ from gpuscope.core.target import interpreter as introspection
 from helpers import gpuscope_cmd
 from conftest import SYSTEM_PYTHON
 
-IDLE = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
+# Waits in short sleeps, as a service waiting for requests does: a script queued for its main
+# thread (sys.remote_exec, lldb's pending call) runs between two of them.
+IDLE = "import time\nprint('ready', flush=True)\nfor _ in range(12000):\n    time.sleep(0.05)\n"
 
 
 def start_hostile(other_user, argv0: str):
@@ -106,13 +108,13 @@ def test_the_injection_check_runs_the_targets_interpreter_only_as_its_owner(othe
     interpreter = introspection.target_interpreter(target.pid)
     assert interpreter.owner.uid == other_user.uid and interpreter.path.startswith(("/usr/", str(other_user.home)))
     introspection._SAFE_INJECTION.clear()
-    problem = introspection.injection_problem(interpreter)  # the canary: a throwaway process of that interpreter
-    if problem is None:
-        # gdb calls into processes here: the injection runs to its end, and the probe starts inside.
+    debugger, _ = introspection.injection_debugger(interpreter)  # the canary: a throwaway process of that interpreter
+    if debugger is not None:
+        # A debugger calls into processes here: the injection runs to its end, and the probe starts inside.
         injected = inject.inject_probe(target.pid, anyway=True, timeout=20)
-        assert injected.method == "gdb" and os.stat(injected.path).st_uid == other_user.uid
+        assert injected.method == debugger and os.stat(injected.path).st_uid == other_user.uid
     else:
-        # gdb harms processes here: refused for that reason, after every check of the target ran.
+        # Every debugger harms processes here: refused for that reason, after every check of the target ran.
         with pytest.raises(inject.InjectRefused, match="injection is unsafe on this machine"):
             inject.inject_probe(target.pid, anyway=True, timeout=20)
     assert_never_as_root(other_user, before)

@@ -62,11 +62,12 @@ def fake_nvml_env(scenario_path: Path) -> dict[str, str]:
 
 
 def canary_says(monkeypatch, problem: str | None) -> None:
-    """Play the verdict of gpuscope's gdb canary (is injecting safe here?) instead of this machine's."""
+    """Play the verdict of gpuscope's debugger canary (is injecting safe here?) for every debugger,
+    instead of this machine's."""
     from gpuscope.core.target import interpreter as target  # noqa: PLC0415 - benchmarks import this module without gpuscope
 
     monkeypatch.setattr(target, "_SAFE_INJECTION", {})
-    monkeypatch.setattr(target, "_canary", lambda gdb, interpreter: problem)
+    monkeypatch.setattr(target, "_canary", lambda name, path, interpreter: problem)
 
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy

@@ -18,7 +18,7 @@ from gpuscope.core.target import pyspy
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.diagnosis.attribution import suspects_from_records
 from gpuscope.core.target.stacks import Suspect
-from gpuscope.core.target.interpreter import Interpreter, injection_problem, python_version, run_python, target_interpreter
+from gpuscope.core.target.interpreter import Interpreter, injection_debugger, python_version, run_python, target_interpreter
 from gpuscope.core.diagnosis._probe_trackers import _while_waiting
 from gpuscope.core.diagnosis._shared import AttachRefused
 
@@ -35,8 +35,9 @@ def memray_importable(interpreter: Interpreter) -> bool:
     return out is not None and out.returncode == 0
 
 
-def check_attach(pid: int) -> Interpreter:
-    """Everything that must hold before memray touches `pid`. Raises AttachRefused."""
+def check_attach(pid: int) -> tuple[Interpreter, str | None]:
+    """Everything that must hold before memray touches `pid`: its interpreter, and the debugger
+    memray must attach with (None: sys.remote_exec, Python 3.14 and newer). Raises AttachRefused."""
     try:
         interpreter = target_interpreter(pid)
     except psutil.NoSuchProcess:
@@ -51,11 +52,12 @@ def check_attach(pid: int) -> Interpreter:
             "install it into the service's environment (pip install memray, or install gpuscope there), then try again"
         )
     version = python_version(interpreter)
-    if version is None or version < MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC:
-        problem = injection_problem(interpreter)
-        if problem:
-            raise AttachRefused(f"memray will not be attached: {problem}")
-    return interpreter
+    if version is not None and version >= MEMRAY_MIN_PYTHON_FOR_REMOTE_EXEC:
+        return interpreter, None
+    debugger, problem = injection_debugger(interpreter)
+    if debugger is None:
+        raise AttachRefused(f"memray will not be attached: {problem}")
+    return interpreter, debugger
 
 
 # -- the memray rung ---------------------------------------------------------------------------------
@@ -85,7 +87,7 @@ def memray_suspects(
     The process writes its capture into a folder of its owner's inside a private one of
     gpuscope's (`privilege.SharedFolder`), removed afterwards.
     """
-    interpreter = check_attach(pid)
+    interpreter, debugger = check_attach(pid)
     window = min(MEMRAY_WINDOW_MAX_S, max(1, round(duration)))
     roots = pyspy.own_roots(pid)
     with privilege.SharedFolder("memray", interpreter.owner) as folder:
@@ -93,7 +95,8 @@ def memray_suspects(
         capture = os.path.join(folder.shared, "capture.bin")
         attached = False
         try:
-            attach = ["attach", "--aggregate", "-f", "-o", capture, "--duration", str(window), str(pid)]
+            attach = ["attach", *(["--method", debugger] if debugger else []), "--aggregate", "-f", "-o", capture,
+                      "--duration", str(window), str(pid)]
             out = privilege.run_as(None, memray_cli() + attach, timeout=ATTACH_TIMEOUT_S)
             if out is None or out.returncode != 0:
                 last = ((out.stderr or out.stdout).strip().splitlines()[-1:] if out else []) or ["no answer"]
@@ -117,7 +120,7 @@ def memray_suspects(
             raise AttachRefused(f"memray's capture of process {pid} did not complete in time")
         finally:
             if attached and psutil.pid_exists(pid):
-                privilege.run_as(None, memray_cli() + ["detach", str(pid)], timeout=30)
+                privilege.run_as(None, memray_cli() + ["detach", *(["--method", debugger] if debugger else []), str(pid)], timeout=30)
 
 
 def _read_capture(folder: privilege.SharedFolder, roots: Sequence[str]) -> tuple[Suspect, ...] | None:

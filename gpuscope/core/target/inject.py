@@ -5,11 +5,13 @@ This runs code inside the target. Two ways, as memray's `attach` does it:
 - Python 3.14 and newer: `sys.remote_exec(pid, script)` (PEP 768), called by an interpreter of the
   target's own major.minor version (the target's own executable). The target runs the script in
   its main thread at its next chance; nothing is paused.
-- older Pythons: gdb attaches, asks the interpreter for a pending call, and when a thread holding
-  the GIL reaches the breakpoint set for it, calls `PyRun_SimpleString` to run the script there,
-  then detaches. gdb stops the whole process meanwhile, and on some machines gdb kills the
-  process it calls into — so `target.injection_problem()` first tries gdb on a throwaway
-  process of the same interpreter, and the injection is refused if that is harmed.
+- older Pythons: a debugger (gdb, else lldb) attaches and asks the interpreter for a pending call,
+  which the main thread makes with the GIL held at its next chance: gdb's stops at a breakpoint
+  set for it and calls `PyRun_SimpleString` there; lldb's pending call is `PyRun_SimpleString`
+  itself, its text in a page mapped for it (4 KiB left in the process). The debugger stops the
+  whole process while attached, and on some machines it kills the process it calls into — so
+  `target.injection_debugger()` first tries each on a throwaway process of the same interpreter,
+  and the injection is refused if none leaves it unharmed.
 
 The script (with a copy of probe.py next to it, so the target needs nothing of gpuscope's) starts
 the probe only if the target has already imported torch, or if asked to anyway (for memray
@@ -42,7 +44,7 @@ from gpuscope.core.common.printable import printable_line
 from gpuscope.errors import Failure
 
 STATUS_TIMEOUT_S = 15.0
-GDB_TIMEOUT_S = 30.0
+DEBUGGER_TIMEOUT_S = 30.0
 WARNING = (
     "this runs code inside process {pid}: a debugger (or sys.remote_exec) makes it start gpuscope's probe, "
     "a thread that answers gpuscope on a private socket. Debuggers can crash or hang a process; use it on a "
@@ -102,6 +104,23 @@ end
 continue
 '''
 
+# No breakpoint here: memray found lldb on Linux stopping at breakpoints already deleted. The
+# pending call is PyRun_SimpleString itself (an int(const char *) called as int(void *)); its text
+# goes into a page mapped for it, which no call of the target's frees. mmap and strcpy take no lock
+# the stopped thread could hold (malloc would).
+_LLDB_SCRIPT = '''\
+expr void *$gpuscope_text = ((void *(*)(void *, unsigned long, int, int, int, long))mmap)(0, 4096, 3, 0x22, -1, 0)
+expr (void)((char *(*)(char *, const char *))strcpy)((char *)$gpuscope_text, "exec(compile(open({script!r}).read(), {script!r}, 'exec'), {{'__name__': '__gpuscope_bootstrap__'}})")
+expr void *$gpuscope_run = (void *)(int (*)(const char *))PyRun_SimpleString
+expr int $gpuscope_queued = ((int (*)(void *, void *))Py_AddPendingCall)($gpuscope_run, $gpuscope_text)
+p $gpuscope_queued == 0 ? "GPUSCOPE: RAN" : "GPUSCOPE: REFUSED"
+'''
+
+
+# Ways that queue the script for the target's main thread, which runs it when it next runs Python
+# code (not while it sleeps or waits in one long call); gdb's runs it before it detaches.
+QUEUED = ("sys.remote_exec", "lldb")
+
 
 class InjectRefused(Failure):
     """The probe was not injected; the message says why (and what to do instead)."""
@@ -111,7 +130,7 @@ class InjectRefused(Failure):
 class Injected:
     pid: int
     path: str  # the probe's socket
-    method: str  # "already running" | "sys.remote_exec" | "gdb"
+    method: str  # "already running" | "sys.remote_exec" | "gdb" | "lldb"
 
 
 def _refuse(text: str) -> InjectRefused:
@@ -157,13 +176,12 @@ def inject_probe(pid: int, *, anyway: bool = False, timeout: float = STATUS_TIME
             method = "sys.remote_exec"
             handed = _remote_exec(pid, proc, interpreter, version, os.path.join(folder.shared, "bootstrap.py"), warn)
         else:
-            method = "gdb"
-            handed = False
-            _gdb(pid, interpreter, folder, warn)
+            method = _debugger(pid, interpreter, folder, warn)
+            handed = method in QUEUED
         try:
             return Injected(pid, _wait_status(pid, folder, timeout, method), method)
         except InjectRefused as exc:
-            # sys.remote_exec cannot be taken back: the target may still read the script later.
+            # A queued script cannot be taken back: the target may still read it later.
             if handed and "has not run" in str(exc):
                 folder.keep()
             raise
@@ -211,7 +229,7 @@ def _wait_status(pid: int, folder: privilege.SharedFolder, timeout: float, metho
                 "for memray tracking)"
             )
         raise _refuse(f"the probe did not start in process {pid}: {printable_line(text.removeprefix('failed '))}")
-    if method == "sys.remote_exec":
+    if method in QUEUED:
         raise _refuse(
             f"process {pid} has not run the script within {timeout:g} s (it runs it when its main thread next runs "
             "Python code; a main thread blocked in a long call delays it)"
@@ -280,62 +298,56 @@ def _remote_exec(pid: int, proc: psutil.Process, interpreter: target.Interpreter
     return True
 
 
-def _gdb(pid: int, interpreter: target.Interpreter, folder: privilege.SharedFolder,
-         warn: Callable[[], None]) -> None:
-    """Run the script in the target through gdb (before Python 3.14), if it is safe here.
+def _debugger(pid: int, interpreter: target.Interpreter, folder: privilege.SharedFolder,
+              warn: Callable[[], None]) -> str:
+    """Run the script in the target through gdb or lldb (before Python 3.14), whichever is safe
+    here; its name.
 
-    gdb's commands are in gpuscope's private folder (the target's folder is the target's to
-    change); gdb reads no init file and auto-loads nothing from the target's files."""
-    gdb = shutil.which("gdb")
-    if gdb is None:
-        raise _refuse(
-            "gdb is not installed (needed to inject before Python 3.14): apt-get install gdb, or start the service "
-            "under 'gpuscope run'"
-        )
-    problem = target.injection_problem(interpreter)
-    if problem:
+    The debugger's commands are in gpuscope's private folder (the target's folder is the target's
+    to change); it reads no init file and loads nothing from the target's files."""
+    name, problem = target.injection_debugger(interpreter)
+    if name is None:
         raise _refuse(
             f"injection is unsafe on this machine: {problem}. Start the service under 'gpuscope run', or call "
             "gpuscope.probe.start() in it"
         )
+    path = shutil.which(name)
+    if path is None:
+        raise _refuse(f"{name} is no longer installed")
     script = os.path.join(folder.shared, "bootstrap.py")
-    commands = os.path.join(folder.private, "inject.gdb")
+    if len(script) > 1000 or any(c in script for c in "'\"\\\n"):
+        raise _refuse("the folder for the probe's script has a name the debugger cannot be given")
+    commands = os.path.join(folder.private, f"inject.{name}")
     with open(os.open(commands, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
-        f.write(_GDB_SCRIPT.format(script=script))
-    cmd = [gdb, "-batch", *target.GDB_SAFE, "-nw", "-p", str(pid), "-iex", "set auto-solib-add off",
-           "-x", commands]
+        f.write((_GDB_SCRIPT if name == "gdb" else _LLDB_SCRIPT).format(script=script))
+    if name == "gdb":
+        cmd = [path, "-batch", *target.GDB_SAFE, "-nw", "-p", str(pid), "-iex", "set auto-solib-add off", "-x", commands]
+    else:
+        cmd = [path, "--batch", *target.LLDB_SAFE, "-p", str(pid), "--source", commands]
     warn()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd="/")
     try:
-        output, _ = proc.communicate(timeout=GDB_TIMEOUT_S)
+        output, _ = proc.communicate(timeout=DEBUGGER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        # Interrupt rather than kill: gdb then stops the script, removes its breakpoint and detaches.
+        # Interrupt rather than kill: the debugger then stops the script, removes its breakpoints and detaches.
         proc.send_signal(signal.SIGINT)
         try:
             output, _ = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
             output, _ = proc.communicate()
-        _wake(pid)
-        raise _refuse(f"gdb could not run the script in process {pid} within {GDB_TIMEOUT_S:g} s") from None
-    _wake(pid)
+        target.wake(pid)
+        raise _refuse(f"{name} could not run the script in process {pid} within {DEBUGGER_TIMEOUT_S:g} s") from None
+    target.wake(pid)
     if "GPUSCOPE: RAN" in output:
-        return
+        return name
     lower = output.lower()
     if "ptrace" in lower or "operation not permitted" in lower:
         if not psutil.pid_exists(pid):
             raise _refuse(f"no process with PID {pid}")
-        raise _refuse(f"not permitted to attach gdb to process {pid}: {pyspy.PERMISSION_HELP}")
-    if "no symbol" in lower:
-        raise _refuse(f"gdb found no Python symbols in process {pid} (a stripped interpreter?)")
+        raise _refuse(f"not permitted to attach {name} to process {pid}: {pyspy.PERMISSION_HELP}")
+    if "no symbol" in lower or "undeclared identifier" in lower:
+        raise _refuse(f"{name} found no Python symbols in process {pid} (a stripped interpreter?)")
     last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "no output")
-    raise _refuse(f"gdb could not run the script in process {pid}: {printable_line(last.strip())}")
-
-
-def _wake(pid: int) -> None:
-    """A process left stopped by a debugger that went away is continued (harmless otherwise)."""
-    try:
-        os.kill(pid, signal.SIGCONT)
-    except OSError:
-        pass
+    raise _refuse(f"{name} could not run the script in process {pid}: {printable_line(last.strip())}")

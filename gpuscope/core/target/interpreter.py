@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -165,30 +166,50 @@ def python_version(interpreter: Interpreter) -> tuple[int, int] | None:
 # gdb started by gpuscope reads no init file (-nx) and auto-loads nothing (no script, no
 # libthread_db) from the files of the process it attaches to: those belong to the target's owner.
 GDB_SAFE = ["-nx", "-iex", "set auto-load off"]
+# lldb likewise: no init file, no script beside a symbol file.
+LLDB_SAFE = ["--no-lldbinit", "-O", "settings set target.load-script-from-symbol-file false"]
+# gdb first, as memray does on Linux; lldb where gdb cannot call into processes here (gdb 13 fails
+# to restore the registers of CPUs with AMX tiles after a call: "Couldn't write extended state
+# status").
+DEBUGGERS = ("gdb", "lldb")
 
-_SAFE_INJECTION: dict[tuple[str, int], str | None] = {}  # (interpreter, owner) -> None if safe, else why not
+_SAFE_INJECTION: dict[tuple[str, int], tuple[str | None, str | None]] = {}  # (interpreter, owner) -> (debugger, why none)
 _SAFE_LOCK = threading.Lock()
 
 
-def injection_problem(interpreter: Interpreter) -> str | None:
-    """Why gdb must not call into a process of this interpreter here (None: it is safe).
+def injection_debugger(interpreter: Interpreter) -> tuple[str | None, str | None]:
+    """The debugger that may call into a process of this interpreter here ("gdb" or "lldb", as
+    found on PATH, tried in `DEBUGGERS` order), or (None, why none may).
 
-    gdb attaches to a throwaway `python -c "sleep"` (run as the target's owner) and calls a
-    function in it, as memray's injection does; if gdb reports an error, or the throwaway does not
+    Each debugger attaches to a throwaway `python -c "sleep"` (run as the target's owner) and calls
+    a function in it, as memray's injection does; if it reports an error, or the throwaway does not
     survive unharmed, the real target would not either.
     """
     key = (interpreter.path, interpreter.owner.uid)
     with _SAFE_LOCK:
         if key in _SAFE_INJECTION:
             return _SAFE_INJECTION[key]
-        gdb = shutil.which("gdb")
-        problem: str | None
-        if gdb is None:
-            problem = "gdb is not installed (memray needs it to attach before Python 3.14): apt-get install gdb"
-        else:
-            problem = _canary(gdb, interpreter)
-        _SAFE_INJECTION[key] = problem
-        return problem
+        problems = []
+        for name in DEBUGGERS:
+            path = shutil.which(name)
+            if path is None:
+                problems.append(f"{name} is not installed")
+                continue
+            problem = _canary(name, path, interpreter)
+            if problem is None:
+                _SAFE_INJECTION[key] = (name, None)
+                return name, None
+            problems.append(problem)
+        why = "; ".join(problems)
+        if all(p.endswith("not installed") for p in problems):
+            why = "neither gdb nor lldb is installed (one is needed to attach before Python 3.14): apt-get install gdb"
+        _SAFE_INJECTION[key] = (None, why)
+        return None, why
+
+
+def injection_problem(interpreter: Interpreter) -> str | None:
+    """Why no debugger may call into a process of this interpreter here (None: one may)."""
+    return injection_debugger(interpreter)[1]
 
 
 _CANARY = (
@@ -200,7 +221,15 @@ _CANARY = (
 )
 
 
-def _canary(gdb: str, interpreter: Interpreter) -> str | None:
+def debugger_call(name: str, path: str, pid: int, expression: str) -> list[str]:
+    """The command that attaches `name` (gdb or lldb) to `pid`, evaluates one C `expression` in it
+    and detaches."""
+    if name == "gdb":
+        return [path, "-batch", *GDB_SAFE, "-p", str(pid), "-ex", f"call {expression}"]
+    return [path, "--batch", *LLDB_SAFE, "-p", str(pid), "-o", f"expr {expression}"]
+
+
+def _canary(name: str, path: str, interpreter: Interpreter) -> str | None:
     shown = printable_line(interpreter.path)
     try:
         canary = privilege.popen_as(interpreter.owner, [interpreter.path, "-c", _CANARY], env=interpreter.env,
@@ -210,18 +239,21 @@ def _canary(gdb: str, interpreter: Interpreter) -> str | None:
     try:
         if privilege.read_until(canary.stdout, time.monotonic() + 20, line=True).strip() != "ready":
             return f"a test process of {shown} did not start"
-        out = privilege.run_as(None, [gdb, "-batch", *GDB_SAFE, "-p", str(canary.pid), "-ex", "call (int) getpid()"],
-                               timeout=30)
+        out = privilege.run_as(None, debugger_call(name, path, canary.pid, "(int) getpid()"), timeout=30)
+        wake(canary.pid)  # lldb may leave the process it detached from stopped
         time.sleep(0.3)  # long enough for a damaged sleep() to fail in the canary
         if canary.poll() is not None:
             said = privilege.read_until(canary.stderr, time.monotonic() + 1).strip().splitlines()[-1:] or ["it exited"]
             why = printable_line(said[0])
-            return f"gdb harmed a test process when calling into it ({why}); attaching would likely crash the service"
+            return f"{name} harmed a test process when calling into it ({why}); attaching would likely crash the service"
         if out is None:
-            return "gdb did not finish calling into a test process within 30 s"
-        failure = re.search(r"^(Couldn't .*|Cannot .*|.*[Ee]rror.*)$", out.stdout + out.stderr, re.MULTILINE)
-        if failure and "warning" not in failure.group(0).lower():
-            return f"gdb cannot call into processes on this machine ({printable_line(failure.group(1).strip())})"
+            return f"{name} did not finish calling into a test process within 30 s"
+        said = out.stdout + out.stderr
+        failure = re.search(r"^(Couldn't .*|Cannot .*|.*[Ee]rror.*)$", said, re.MULTILINE)
+        if failure and "warning" not in failure.group(0).lower() and "embedded_interpreter" not in failure.group(0):
+            return f"{name} cannot call into processes on this machine ({printable_line(failure.group(1).strip())})"
+        if not re.search(rf"= {canary.pid}\s*$", said, re.MULTILINE):
+            return f"{name} did not return a test process's own PID when calling into it"
         return None
     finally:
         canary.kill()
@@ -229,3 +261,12 @@ def _canary(gdb: str, interpreter: Interpreter) -> str | None:
         for pipe in (canary.stdout, canary.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+def wake(pid: int) -> None:
+    """A process left stopped by a debugger that went away is continued (harmless otherwise: lldb
+    sometimes leaves the process it detached from stopped, as memray notes)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        pass
