@@ -24,7 +24,7 @@ from gpuscope.core.diagnosis import ladder as allocations
 from gpuscope.core.diagnosis.steps import diagnose
 from gpuscope.core.diagnosis.investigation import investigate
 
-from helpers import gpuscope_cmd, python_without, run_together, wait_until
+from helpers import canary_says, gpuscope_cmd, python_without, run_together, wait_until
 
 pytest.importorskip("faiss")
 pytest.importorskip("tokenizers")
@@ -200,6 +200,10 @@ while True:
 """
 
 
+# A machine where no debugger may call into processes (gdb harms them, lldb is not installed): a
+# service started without the probe gets nothing brought in.
+NO_DEBUGGER = "gdb's call killed the throwaway process (SIGSEGV)"
+
 NO_MEMRAY = "import sys\nsys.modules['memray'] = None  # no memray loads in this process, not even gpuscope's\n"
 
 
@@ -217,8 +221,10 @@ def without_memray(tmp_path_factory, bare_python):
                         if probe or name in WITHOUT_PROBE
                         for remember in ((True, False) if probe else (True,))}
             procs.update(start_services(folder, bare_python, services, probe))
-        return run_together({key: lambda p=p: diagnose(investigate(p.pid, WITHOUT_MEMRAY_DURATION_S))
-                             for key, p in procs.items()})
+        with pytest.MonkeyPatch.context() as mp:
+            canary_says(mp, NO_DEBUGGER)  # nothing can be brought into those without the probe
+            return run_together({key: lambda p=p: diagnose(investigate(p.pid, WITHOUT_MEMRAY_DURATION_S))
+                                 for key, p in procs.items()})
     finally:
         stop_services(procs)
 
@@ -318,8 +324,10 @@ def without_evidence(tmp_path_factory, bare_python):
         procs.update(start_services(folder, bare_python, {("tracemalloc", "faiss"): (NO_MEMRAY + FAISS, True)},
                                     probe=True))
         procs.update(start_services(folder, bare_python, {("sampling", "batches"): (BATCHES, False)}, probe=False))
-        return run_together({key: lambda p=p: diagnose(investigate(p.pid, NO_EVIDENCE_DURATION_S))
-                             for key, p in procs.items()})
+        with pytest.MonkeyPatch.context() as mp:
+            canary_says(mp, NO_DEBUGGER)
+            return run_together({key: lambda p=p: diagnose(investigate(p.pid, NO_EVIDENCE_DURATION_S))
+                                 for key, p in procs.items()})
     finally:
         stop_services(procs)
 
