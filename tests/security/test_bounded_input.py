@@ -269,6 +269,31 @@ def test_a_tracker_reply_of_the_wrong_types_gives_what_can_be_read(probe_folder)
     assert [(s.line, s.held) for s in tracked.sites] == [(12, (0, 1024, 2048, 4096)), (0, (0, 0, 0, 0))]
 
 
+def test_a_chat_answer_nested_deep_is_one_failed_request_in_the_rampers_thread():
+    """The service under a ramp answers what it likes: an answer nested 200,000 deep raised
+    RecursionError in a load worker's thread (its traceback on screen, the worker gone)."""
+    from gpuscope.core.ramp.load import ChatRequests, LoadError, Target
+
+    requests = ChatRequests(Target.parse("http://127.0.0.1:1/v1/chat/completions"), model="m", turns=2,
+                            max_tokens=1)
+    conversation = requests.new_conversation()
+    requests.request(conversation)
+    nested = b'{"choices":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    raised: list[BaseException] = []
+
+    def answer() -> None:
+        try:
+            requests.answered(conversation, nested)
+        except BaseException as exc:  # noqa: BLE001 -- whatever it raises is what the test looks at
+            raised.append(exc)
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    thread.join(30)
+    assert len(raised) == 1 and isinstance(raised[0], LoadError), raised
+    assert not conversation.messages  # the turn did not happen: the next one asks again
+
+
 # -- Prometheus answers ------------------------------------------------------------------------------
 
 
