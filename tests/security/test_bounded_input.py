@@ -343,6 +343,25 @@ def test_crafted_prometheus_answers_give_one_line_to_diagnose_node(series):
     assert "does not answer like a Prometheus server" in run.stderr, run.stderr
 
 
+def test_digits_int_cannot_read_in_prometheus_labels_are_passed_over(tmp_path):
+    """str.isdigit() takes "²", int() does not: a device and a process numbered so (beside the
+    process asked about) gave a ValueError traceback; those series are not an exporter's."""
+    from gpuscope.core.fleet.collector import TAG
+
+    two = {"value": [1, "1"], "values": [[1, "1"], [2, "2"]]}
+    series = [{"metric": {**GOOD_LABELS, TAG: "rss"}, **two},
+              {"metric": {**GOOD_LABELS, TAG: "gpu", "gpu": "\u00b2"}, **two},
+              {"metric": {**GOOD_LABELS, TAG: "device", "gpu": "\u00b2"}, **two},
+              {"metric": {**GOOD_LABELS, "pid": "\u00b2", "gpu": "\u00b2", "memory": "rss"}, **two}]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": series}}).encode()
+    with RawServer(answer("200 OK", body, "application/json")) as server:
+        run = run_gpuscope("diagnose", "--prometheus", server.url("/"), "--node", "n1", "--pid", "42",
+                           "--duration", "60", "--json", env=clean_env())
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run
+    diagnosis = json.loads(run.stdout)
+    assert diagnosis["pid"] == 42 and diagnosis["steps"][3]["evidence"]["ranking"] == [], diagnosis["steps"][3]
+
+
 # -- expositions -------------------------------------------------------------------------------------
 
 
@@ -497,3 +516,13 @@ def test_a_theme_file_of_a_key_in_many_parts_is_refused_in_bounded_work(tmp_path
     """)
     assert_bounded(run)
     assert run["result"].startswith("ThemeFileError: ") and "dotted key of more than 64 parts" in run["result"], run
+
+
+@pytest.mark.parametrize("text, number", [
+    ("42", 42), ("0", 0), ("\u00b2", None), ("\u0663", None), ("+1", None), ("-1", None), (" 1", None), ("1_0", None),
+    ("", None), ("12345678901", None), (42, None), (None, None),
+])
+def test_a_whole_number_from_elsewhere_is_ascii_digits_or_none(text, number):
+    from gpuscope.core.common.units import whole_number
+
+    assert whole_number(text, 10) == number

@@ -50,7 +50,7 @@ from gpuscope.core.leak.growth import theil_sen
 from gpuscope.core.leak import LeakAssessment
 from gpuscope.core.common.atomic import RefusedPath, read_regular
 from gpuscope.core.common.json_depth import nests_deeper
-from gpuscope.core.common.units import format_size
+from gpuscope.core.common.units import format_size, whole_number
 from gpuscope.errors import UsageError
 
 BASELINE_SCHEMA = "gpuscope.check-baseline/1"
@@ -647,8 +647,9 @@ def _series_order(item: tuple[str, object]) -> tuple[int, int, str]:
     name = item[0]
     if name == "rss":
         return (0, 0, name)
-    if name.startswith("gpu") and name[3:].isdigit():
-        return (1, int(name[3:]), name)
+    index = whole_number(name[3:], 3) if name.startswith("gpu") else None
+    if index is not None:
+        return (1, index, name)
     return (2, 0, name)
 
 
