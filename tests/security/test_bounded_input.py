@@ -207,6 +207,29 @@ def test_a_deeply_nested_probe_reply_is_one_refusal_in_any_thread(probe_folder):
     assert len(raised) == 1 and "nested more than" in str(raised[0]), raised
 
 
+# 16 MiB of the values that cost most once parsed for their size: 72 bytes for the 3 of "{},"; and
+# empty strings, which the depth check itself cut into 5.5 million pieces.
+SMALL_VALUES = {"empty-objects": b"{},", "empty-strings": b'"",', "empty-arrays": b"[],"}
+
+
+@pytest.mark.parametrize("value", SMALL_VALUES.values(), ids=SMALL_VALUES.keys())
+def test_a_probe_reply_of_16_mib_of_small_values_is_refused_in_bounded_work(probe_folder, value):
+    """16 MiB of empty objects took 420 MB once parsed; of empty strings, 929 MB before it."""
+    body = b'{"ok":true,"result":{"x":[' + value * ((probe_client.MAX_REPLY - 64) // len(value)) + b'0]}}'
+    probe = HostileProbe(probe_folder, lambda op: body)
+    try:
+        run = measured(f"""
+            from gpuscope.core.target.probe_client import ProbeClient
+            def work():
+                with ProbeClient({probe.path!r}, timeout=60) as client:
+                    return len(client.stats()["x"])
+        """, timeout=120)
+    finally:
+        probe.close()
+    assert_bounded(run)
+    assert run["result"].startswith("ProbeError: ") and "values" in run["result"], run
+
+
 def test_a_probe_reply_near_its_cap_sent_in_small_pieces_is_read_in_one_pass(probe_folder):
     """16 MiB in 4 KiB pieces: the whole reply so far was searched for its end, and copied, once a
     piece (4,000 times 8 MB on average)."""
@@ -307,6 +330,21 @@ def test_the_json_depth_check_is_linear_in_an_unterminated_string_of_escaped_quo
     """)
     assert_bounded(run)
     assert run["result"] == "False"
+
+
+@pytest.mark.parametrize("value", SMALL_VALUES.values(), ids=SMALL_VALUES.keys())
+def test_a_prometheus_answer_of_8_mib_of_small_values_is_refused_in_bounded_work(value):
+    body = (b'{"status":"success","data":{"resultType":"vector","result":['
+            + value * ((8 << 20) // len(value) - 40) + b"0]}}")
+    with RawServer(answer("200 OK", body, "application/json")) as server:
+        run = measured(f"""
+            from gpuscope.core.fleet.collector import open_client
+            client = open_client({server.url("/")!r})
+            def work():
+                return len(client.query("up"))
+        """)
+    assert_bounded(run)
+    assert "does not answer like a Prometheus server" in run["result"], run
 
 
 def crafted_prometheus(series: dict):
@@ -446,6 +484,20 @@ def test_a_baseline_of_twenty_thousand_rounds_is_refused_in_bounded_work(tmp_pat
     """)
     assert_bounded(run)
     assert run["result"].startswith("BaselineError: ") and "20,000 rounds" in run["result"], run
+
+
+@pytest.mark.parametrize("value", SMALL_VALUES.values(), ids=SMALL_VALUES.keys())
+def test_a_baseline_of_16_mib_of_small_values_is_refused_in_bounded_work(tmp_path, value):
+    path = tmp_path / "baseline.json"
+    path.write_bytes(b'{"schema":"gpuscope.check-baseline/1","rounds":[' + value * ((16 << 20) // len(value) - 20)
+                     + b"0]}")
+    run = measured(f"""
+        from gpuscope.core.gate.verdict import load_baseline
+        def work():
+            return load_baseline({str(path)!r})
+    """)
+    assert_bounded(run)
+    assert run["result"].startswith("BaselineError: "), run
 
 
 def test_the_growth_of_the_most_rounds_a_baseline_holds_is_bounded_work():

@@ -15,7 +15,7 @@ from gpuscope.core.target import privilege
 
 
 from gpuscope.core.target import pyspy
-from gpuscope.core.common.json_depth import nests_deeper
+from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.diagnosis.attribution import suspects_from_records
 from gpuscope.core.target.stacks import Suspect
@@ -164,8 +164,9 @@ def _records_read(text: str, roots: Sequence[str]) -> tuple[tuple[Suspect, ...],
     """What the reader said, checked field by field, and its depth before it is parsed: it ran as
     the capture's owner, who may have made it say anything."""
     try:
-        if nests_deeper(text.encode("utf-8", "replace"), READER_OUTPUT_DEPTH):
-            raise ValueError("nested too deep")
+        raw = text.encode("utf-8", "replace")
+        if nests_deeper(raw, READER_OUTPUT_DEPTH) or values_in(raw) > MAX_VALUES:
+            raise ValueError("nested too deep, or too many values")
         said = json.loads(text)
         if not said["complete"]:
             return None

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from gpuscope.errors import UsageError
-from gpuscope.core.common.json_depth import nests_deeper
+from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.common.redact import redact_command, redact_text
 
@@ -264,8 +264,9 @@ class ChatRequests:
     def answered(self, conversation: Conversation | None, body: bytes) -> tuple[int | None, int | None]:
         assert conversation is not None
         try:
-            if nests_deeper(body, MAX_ANSWER_DEPTH):  # json's parser recurses once a level
-                raise ValueError("nested too deep")
+            # json's parser recurses once a level, and an empty object costs 72 bytes for 3
+            if nests_deeper(body, MAX_ANSWER_DEPTH) or values_in(body) > MAX_VALUES:
+                raise ValueError("nested too deep, or too many values")
             answer = json.loads(body)
             message = answer["choices"][0]["message"]
             content = message.get("content") if isinstance(message, dict) else None
