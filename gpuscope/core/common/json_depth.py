@@ -44,13 +44,15 @@ def nests_deeper(text: bytes, depth: int) -> bool:
 # Values a caller parses from elsewhere at most. What a value costs once parsed does not follow its
 # size in the text: "{}," is 3 bytes and 72 once parsed (an empty object and its place in a list),
 # so 16 MiB of them took 420 MB. This many values hold under 100 MB whatever they are (strings'
-# text aside, which is no larger than what was sent); the largest answers gpuscope asks for (a
-# Prometheus range query's 8 MiB of points, a probe's tracking reply) hold about a million.
-MAX_VALUES = 1_250_000
+# text aside, which is no larger than what was sent; an object's distinct keys cost most); the
+# answers gpuscope asks for hold far fewer (a probe's tracking reply, 200 stacks of 3,600
+# readings, about 800,000).
+MAX_VALUES = 1_000_000
 
 
 def values_in(text: bytes) -> int:
     """At most how many values JSON `text` holds, counted without parsing it: with the strings gone,
-    each array or object, each comma and each colon starts one (an overcount, never an undercount)."""
+    the whole, then an element for each array or object (its first) and for each comma and colon
+    (a key and its value are two)."""
     shape = _without_strings(text)
-    return shape.count(b",") + shape.count(b":") + shape.count(b"[") + shape.count(b"{")
+    return 1 + shape.count(b"[") + shape.count(b"{") + shape.count(b",") + shape.count(b":")
