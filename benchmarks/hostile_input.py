@@ -11,9 +11,11 @@ what the read answered (a result, or the refusal's first words).
 
 Cases: a probe's held bytes at 20,000 and 1,000,000 times (the trend, the progress check), a
 tracker reply of 400,000 times, a reply nested 200,000 deep; a Prometheus answer of escaped
-quotes (the depth check) and the answers' shape check on 100,000 series; 16 MiB expositions of
+quotes (the depth check), 16 MiB of empty strings (the depth and value checks), a probe's 16 MiB
+reply of empty objects, and the answers' shape check on 100,000 series; 16 MiB expositions of
 label values followed by blanks, of escapes, of many labels and of long unusual lines; a baseline
-of 20,000 rounds and one of the 10,000 rounds a baseline may hold.
+of 20,000 rounds, one of 16 MiB of empty objects and one of the 10,000 rounds a baseline may
+hold; a settings file of 1 MiB (its cap) of inline tables.
 
 Run:  .venv/bin/python benchmarks/hostile_input.py [--json] [--runs 3] [--only NAME]
 """
@@ -120,6 +122,45 @@ CASES = {
         open(path, "w").write(json.dumps({"schema": "gpuscope.check-baseline/1", "rounds": rounds}))
         def work():
             return load_baseline(path)
+    """,
+    "probe-empty-objects-16MiB": """
+        import socket, threading
+        from gpuscope.core.target.probe_client import MAX_REPLY, ProbeClient
+        path = "probe.sock"
+        body = b'{"ok":true,"result":{"x":[' + b"{}," * ((MAX_REPLY - 64) // 3) + b'0]}}\\n'
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        server.listen(8)
+        def serve():
+            while True:
+                conn = server.accept()[0]
+                conn.recv(65536)
+                conn.sendall(body)
+                conn.close()
+        threading.Thread(target=serve, daemon=True).start()
+        def work():
+            with ProbeClient(path, timeout=60) as client:
+                return len(client.stats()["x"])
+    """,
+    "json-checks-empty-strings-16MiB": """
+        from gpuscope.core.common.json_depth import nests_deeper, values_in
+        raw = b"[" + b'"",' * ((16 << 20) // 3) + b"0]"
+        def work():
+            return nests_deeper(raw, 16), values_in(raw)
+    """,
+    "baseline-empty-objects-16MiB": """
+        import tempfile
+        from gpuscope.core.gate.verdict import load_baseline
+        path = tempfile.mktemp()
+        open(path, "wb").write(b'{"schema":"gpuscope.check-baseline/1","rounds":[' + b"{}," * ((16 << 20) // 3 - 20) + b"0]}")
+        def work():
+            return load_baseline(path)
+    """,
+    "settings-1MiB-inline-tables": """
+        from gpuscope.core.common.toml_text import parse_toml
+        text = "a = [" + "{}," * ((1 << 20) // 3 - 4) + "]\\n"
+        def work():
+            return len(parse_toml(text)["a"])
     """,
     "baseline-growth-10k-rounds": """
         from gpuscope.core.gate.verdict import MAX_BASELINE_ROUNDS, Round, growth_of

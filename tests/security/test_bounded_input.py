@@ -207,6 +207,29 @@ def test_a_deeply_nested_probe_reply_is_one_refusal_in_any_thread(probe_folder):
     assert len(raised) == 1 and "nested more than" in str(raised[0]), raised
 
 
+# 16 MiB of the values that cost most once parsed for their size: 72 bytes for the 3 of "{},"; and
+# empty strings, which the depth check itself cut into 5.5 million pieces.
+SMALL_VALUES = {"empty-objects": b"{},", "empty-strings": b'"",', "empty-arrays": b"[],"}
+
+
+@pytest.mark.parametrize("value", SMALL_VALUES.values(), ids=SMALL_VALUES.keys())
+def test_a_probe_reply_of_16_mib_of_small_values_is_refused_in_bounded_work(probe_folder, value):
+    """16 MiB of empty objects took 420 MB once parsed; of empty strings, 929 MB before it."""
+    body = b'{"ok":true,"result":{"x":[' + value * ((probe_client.MAX_REPLY - 64) // len(value)) + b'0]}}'
+    probe = HostileProbe(probe_folder, lambda op: body)
+    try:
+        run = measured(f"""
+            from gpuscope.core.target.probe_client import ProbeClient
+            def work():
+                with ProbeClient({probe.path!r}, timeout=60) as client:
+                    return len(client.stats()["x"])
+        """, timeout=120)
+    finally:
+        probe.close()
+    assert_bounded(run)
+    assert run["result"].startswith("ProbeError: ") and "values" in run["result"], run
+
+
 def test_a_probe_reply_near_its_cap_sent_in_small_pieces_is_read_in_one_pass(probe_folder):
     """16 MiB in 4 KiB pieces: the whole reply so far was searched for its end, and copied, once a
     piece (4,000 times 8 MB on average)."""
@@ -269,6 +292,31 @@ def test_a_tracker_reply_of_the_wrong_types_gives_what_can_be_read(probe_folder)
     assert [(s.line, s.held) for s in tracked.sites] == [(12, (0, 1024, 2048, 4096)), (0, (0, 0, 0, 0))]
 
 
+def test_a_chat_answer_nested_deep_is_one_failed_request_in_the_rampers_thread():
+    """The service under a ramp answers what it likes: an answer nested 200,000 deep raised
+    RecursionError in a load worker's thread (its traceback on screen, the worker gone)."""
+    from gpuscope.core.ramp.load import ChatRequests, LoadError, Target
+
+    requests = ChatRequests(Target.parse("http://127.0.0.1:1/v1/chat/completions"), model="m", turns=2,
+                            max_tokens=1)
+    conversation = requests.new_conversation()
+    requests.request(conversation)
+    nested = b'{"choices":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    raised: list[BaseException] = []
+
+    def answer() -> None:
+        try:
+            requests.answered(conversation, nested)
+        except BaseException as exc:  # noqa: BLE001 -- whatever it raises is what the test looks at
+            raised.append(exc)
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    thread.join(30)
+    assert len(raised) == 1 and isinstance(raised[0], LoadError), raised
+    assert not conversation.messages  # the turn did not happen: the next one asks again
+
+
 # -- Prometheus answers ------------------------------------------------------------------------------
 
 
@@ -282,6 +330,21 @@ def test_the_json_depth_check_is_linear_in_an_unterminated_string_of_escaped_quo
     """)
     assert_bounded(run)
     assert run["result"] == "False"
+
+
+@pytest.mark.parametrize("value", SMALL_VALUES.values(), ids=SMALL_VALUES.keys())
+def test_a_prometheus_answer_of_8_mib_of_small_values_is_refused_in_bounded_work(value):
+    body = (b'{"status":"success","data":{"resultType":"vector","result":['
+            + value * ((8 << 20) // len(value) - 40) + b"0]}}")
+    with RawServer(answer("200 OK", body, "application/json")) as server:
+        run = measured(f"""
+            from gpuscope.core.fleet.collector import open_client
+            client = open_client({server.url("/")!r})
+            def work():
+                return len(client.query("up"))
+        """)
+    assert_bounded(run)
+    assert "does not answer like a Prometheus server" in run["result"], run
 
 
 def crafted_prometheus(series: dict):
@@ -316,6 +379,25 @@ def test_crafted_prometheus_answers_give_one_line_to_diagnose_node(series):
     assert run.returncode not in (0, -9), run
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "does not answer like a Prometheus server" in run.stderr, run.stderr
+
+
+def test_digits_int_cannot_read_in_prometheus_labels_are_passed_over(tmp_path):
+    """str.isdigit() takes "²", int() does not: a device and a process numbered so (beside the
+    process asked about) gave a ValueError traceback; those series are not an exporter's."""
+    from gpuscope.core.fleet.collector import TAG
+
+    two = {"value": [1, "1"], "values": [[1, "1"], [2, "2"]]}
+    series = [{"metric": {**GOOD_LABELS, TAG: "rss"}, **two},
+              {"metric": {**GOOD_LABELS, TAG: "gpu", "gpu": "\u00b2"}, **two},
+              {"metric": {**GOOD_LABELS, TAG: "device", "gpu": "\u00b2"}, **two},
+              {"metric": {**GOOD_LABELS, "pid": "\u00b2", "gpu": "\u00b2", "memory": "rss"}, **two}]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": series}}).encode()
+    with RawServer(answer("200 OK", body, "application/json")) as server:
+        run = run_gpuscope("diagnose", "--prometheus", server.url("/"), "--node", "n1", "--pid", "42",
+                           "--duration", "60", "--json", env=clean_env())
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run
+    diagnosis = json.loads(run.stdout)
+    assert diagnosis["pid"] == 42 and diagnosis["steps"][3]["evidence"]["ranking"] == [], diagnosis["steps"][3]
 
 
 # -- expositions -------------------------------------------------------------------------------------
@@ -404,6 +486,20 @@ def test_a_baseline_of_twenty_thousand_rounds_is_refused_in_bounded_work(tmp_pat
     assert run["result"].startswith("BaselineError: ") and "20,000 rounds" in run["result"], run
 
 
+@pytest.mark.parametrize("value", SMALL_VALUES.values(), ids=SMALL_VALUES.keys())
+def test_a_baseline_of_16_mib_of_small_values_is_refused_in_bounded_work(tmp_path, value):
+    path = tmp_path / "baseline.json"
+    path.write_bytes(b'{"schema":"gpuscope.check-baseline/1","rounds":[' + value * ((16 << 20) // len(value) - 20)
+                     + b"0]}")
+    run = measured(f"""
+        from gpuscope.core.gate.verdict import load_baseline
+        def work():
+            return load_baseline({str(path)!r})
+    """)
+    assert_bounded(run)
+    assert run["result"].startswith("BaselineError: "), run
+
+
 def test_the_growth_of_the_most_rounds_a_baseline_holds_is_bounded_work():
     run = measured("""
         from gpuscope.core.gate.verdict import MAX_BASELINE_ROUNDS, Round, growth_of
@@ -472,3 +568,13 @@ def test_a_theme_file_of_a_key_in_many_parts_is_refused_in_bounded_work(tmp_path
     """)
     assert_bounded(run)
     assert run["result"].startswith("ThemeFileError: ") and "dotted key of more than 64 parts" in run["result"], run
+
+
+@pytest.mark.parametrize("text, number", [
+    ("42", 42), ("0", 0), ("\u00b2", None), ("\u0663", None), ("+1", None), ("-1", None), (" 1", None), ("1_0", None),
+    ("", None), ("12345678901", None), (42, None), (None, None),
+])
+def test_a_whole_number_from_elsewhere_is_ascii_digits_or_none(text, number):
+    from gpuscope.core.common.units import whole_number
+
+    assert whole_number(text, 10) == number

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 
 import pytest
 
@@ -57,3 +58,22 @@ def test_a_capture_is_read_with_its_owners_rights(other_user):
         assert _memray_attach._read_capture_counted(folder, ()) is None
         subprocess.run(["chmod", "600", capture], check=True, timeout=10)
         assert _memray_attach._read_capture_counted(folder, ()) is not None
+
+
+def test_a_reader_answer_nested_deep_is_one_refusal_in_any_thread():
+    """The reader runs as the capture's owner, who may make it say anything: an answer nested
+    200,000 deep raised RecursionError in the diagnosis's thread (its code-path search ended)."""
+    nested = '{"complete":true,"stacks":1,"records":' + "[" * 200_000 + "]" * 200_000 + "}"
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            _memray_attach._records_read(nested, ())
+        except BaseException as exc:  # noqa: BLE001 -- whatever it raises is what the test looks at
+            raised.append(exc)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join(30)
+    assert len(raised) == 1 and isinstance(raised[0], AttachRefused), raised
+    assert "no usable answer" in str(raised[0])

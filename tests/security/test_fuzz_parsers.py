@@ -12,7 +12,8 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuscope.core.common.json_depth import nests_deeper
+from gpuscope.core.common import json_depth
+from gpuscope.core.common.json_depth import nests_deeper, values_in
 from gpuscope.core.common.toml_text import parse_toml
 from gpuscope.core.diagnosis._probe_trackers import _tracked, settled_of
 from gpuscope.core.fleet.collector import fleet_rows
@@ -68,6 +69,28 @@ def depth(value) -> int:
 def test_the_depth_check_agrees_with_the_depth_of_any_json(value, limit):
     text = json.dumps(value).encode()
     assert nests_deeper(text, limit) == (depth(value) > limit)
+
+
+def count_values(value) -> int:
+    if isinstance(value, list):
+        return 1 + sum(map(count_values, value))
+    if isinstance(value, dict):
+        return 1 + len(value) + sum(map(count_values, value.values()))
+    return 1
+
+
+@FUZZ
+@given(json_values, st.integers(0, 8), st.sampled_from([1, 2, 3, 5, 64, 1 << 16]))
+def test_the_checks_agree_with_any_json_however_it_is_cut_into_pieces(value, limit, piece):
+    """The strings are cut out a piece at a time: a piece may begin or end inside a string or on a
+    quote; and the value count is never below the values there are."""
+    text = json.dumps(value).encode()
+    before, json_depth._PIECE = json_depth._PIECE, piece
+    try:
+        assert nests_deeper(text, limit) == (depth(value) > limit)
+        assert values_in(text) >= count_values(value)
+    finally:
+        json_depth._PIECE = before
 
 
 @FUZZ

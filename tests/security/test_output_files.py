@@ -13,6 +13,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -194,17 +195,21 @@ def root_only(other_user):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.parametrize("option", ["report -o", "check --junit", "check --markdown"])
 @pytest.mark.parametrize("force", [False, True])
 @pytest.mark.parametrize("where", ["last folder", "folder on the way"])
 def test_another_users_link_to_a_root_only_folder_on_the_way_is_never_followed(other_user, root_only, recording,
-                                                                                where, force):
-    """The other user links a folder of its own to root's: `-o ITS_LINK/report.md` (or deeper) must
-    not land in root's folder, with or without --force."""
+                                                                                where, force, option):
+    """The other user links a folder of its own to root's: `-o ITS_LINK/report.md` (or deeper, or
+    check's --junit and --markdown) must not land in root's folder, with or without --force."""
     link = other_user.home / "out"
     made = other_user.popen(["/bin/ln", "-s", str(root_only), str(link)])
     assert made.wait(timeout=10) == 0
     output = link / "report.md" if where == "last folder" else link / "sub" / "report.md"
-    done = gpuscope("report", str(recording), "-o", str(output), *(["--force"] if force else []))
+    command, flag = option.split()
+    writes = [str(recording)] if command == "report" else ["--rounds", "1", "--round-seconds", "1"]
+    under_test = [] if command == "report" else ["--", sys.executable, "-c", "pass"]
+    done = gpuscope(command, *writes, flag, str(output), *(["--force"] if force else []), *under_test)
     line = one_line(done, 2)
     assert "is a symbolic link another user" in line and "not followed" in line
     for kept in (root_only / "report.md", root_only / "sub" / "report.md"):

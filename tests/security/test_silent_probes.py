@@ -107,3 +107,28 @@ def test_silent_probes_of_another_user_do_not_slow_the_allocator_read(other_user
     finally:
         collector.close()
     assert all(p.poll() is None for p in silent)
+
+
+def test_more_silent_probes_than_a_read_asks_crowd_out_no_probe_that_answers(other_user, probe_folder, spawn_python):
+    """A read asks at most MAX_PROBES probes, by PID: silent ones of lower PIDs took every place,
+    and a real probe started after them was never read."""
+    silent = []
+    for _ in range(torch_memory.MAX_PROBES + 4):
+        proc = other_user.popen([SYSTEM_PYTHON, "-c", SILENT_PROBE, "accept"], stdout=subprocess.PIPE, text=True)
+        assert privilege.read_until(proc.stdout, time.monotonic() + 20, line=True).strip() == "ready"
+        silent.append(proc)
+    real = spawn_python(REAL_PROBE)
+    wait_until(lambda: probe_client.probe_path(real.pid), timeout=20, what="the real probe's socket")
+    listed = sorted(p.pid for p in probe_client.list_probes())
+    if listed.index(real.pid) < torch_memory.MAX_PROBES:
+        pytest.skip("PIDs wrapped: the real probe is not behind the silent ones")
+    collector = TorchMemoryCollector()
+    try:
+        seen = None
+        deadline = time.monotonic() + 20  # a few reads (each waits READ_WAIT_S), with room for a slow machine
+        while seen is None:
+            assert time.monotonic() < deadline, "the real probe was never read behind the silent ones"
+            seen = next((t for t in collector.read() if t.pid == real.pid), None)
+        assert seen.allocated_bytes and seen.allocated_bytes >= 8 << 20
+    finally:
+        collector.close()

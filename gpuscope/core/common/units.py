@@ -105,3 +105,12 @@ def format_ago(seconds: float) -> str:
     if not seconds >= 0.5:  # also NaN
         return "just now"
     return f"{format_duration(seconds)} ago"
+
+
+def whole_number(text: object, max_digits: int) -> int | None:
+    """The number `text` writes in 1 to `max_digits` ASCII digits, else None. For numbers in text
+    from elsewhere (labels, headers, files): str.isdigit() also takes digits int() cannot read
+    (superscripts, "²"), and int() takes signs, blanks and underscores."""
+    if not isinstance(text, str) or not 0 < len(text) <= max_digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)

@@ -15,6 +15,7 @@ from gpuscope.core.target import privilege
 
 
 from gpuscope.core.target import pyspy
+from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.diagnosis.attribution import suspects_from_records
 from gpuscope.core.target.stacks import Suspect
@@ -68,6 +69,7 @@ READER_MEMORY = 4 << 30  # address space of the child that parses a capture
 READER_CPU_S = 60
 READER_TIMEOUT_S = 90.0
 READER_OUTPUT_LIMIT = 32 << 20  # its answer: at most 2,000 stacks of 32 frames
+READER_OUTPUT_DEPTH = 8  # its answer nests 5 deep (answer, records, record, frames, frame)
 
 
 def memray_cli() -> list[str]:
@@ -162,8 +164,12 @@ def _read_capture_counted(folder: privilege.SharedFolder, roots: Sequence[str]) 
 
 
 def _records_read(text: str, roots: Sequence[str]) -> tuple[tuple[Suspect, ...], int] | None:
-    """What the reader said, checked field by field (it ran as the capture's owner)."""
+    """What the reader said, checked field by field, and its depth before it is parsed: it ran as
+    the capture's owner, who may have made it say anything."""
     try:
+        raw = text.encode("utf-8", "replace")
+        if nests_deeper(raw, READER_OUTPUT_DEPTH) or values_in(raw) > MAX_VALUES:
+            raise ValueError("nested too deep, or too many values")
         said = json.loads(text)
         if not said["complete"]:
             return None

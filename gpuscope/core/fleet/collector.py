@@ -33,6 +33,7 @@ from gpuscope.core.node.cgroup import NAME_CHARS as RUNS_IN_CHARS
 from gpuscope.core.node.model import ProcessRow
 from gpuscope.core.common.poller import Poller, Reading
 from gpuscope.core.common.printable import printable_line
+from gpuscope.core.common.units import whole_number
 from gpuscope.core.serving.prometheus import TAG, PrometheusAuth, PrometheusCollector, checked_results
 from gpuscope.core.serving.promql import Matcher
 from gpuscope.core.serving.model import ServingSnapshot, SourceError
@@ -159,7 +160,7 @@ def fleet_rows(results: Sequence[Mapping]) -> tuple[tuple[FleetProcess, ...], fl
             interval = value
             continue
         pid_text = labels.get("pid")
-        if not isinstance(pid_text, str) or not pid_text.isdigit() or len(pid_text) > 10:
+        if not isinstance(pid_text, str) or whole_number(pid_text, 10) is None:
             continue  # not an exporter's process series
         ident = (label(labels.get("node")), pid_text, label(labels.get("start_time"), 32))
         row = found.setdefault(ident, {"labels": labels, "gpus": {}, "growth": None, "series": {}})
@@ -169,9 +170,9 @@ def fleet_rows(results: Sequence[Mapping]) -> tuple[tuple[FleetProcess, ...], fl
             if row["growth"] is None or value > row["growth"][0]:
                 row["growth"] = (value, series_key)
         elif part == "gpu" and value is not None:
-            gpu = labels.get("gpu", "")
-            if gpu.isdigit() and len(gpu) < 4:
-                row["gpus"][int(gpu)] = value
+            gpu = whole_number(labels.get("gpu"), 3)
+            if gpu is not None:
+                row["gpus"][gpu] = value
         elif part == "rss":
             row["rss"] = value
         elif part == "verdict" and value == 1:
@@ -386,10 +387,11 @@ def remote_evidence(client: FleetClient, node: str, pid: int, duration_s: float)
         gpu = Series(tuple(stamps), tuple(total))
         main = max(per_gpu, key=lambda g: max(per_gpu[g].known(), default=0.0))
         used = next((r for r in got.get("device", []) if r["metric"].get("gpu") == main), None)
-        if used is not None and main.isdigit():
+        index = whole_number(main, 3)
+        if used is not None and index is not None:
             totals = client.query(f"gpuscope_gpu_memory_total_bytes{{{on_node},{Matcher('gpu', '=', main).promql()}}}")
             total_bytes = _number(totals[0]["value"][1]) if totals else None
-            device = DeviceEvidence(int(main), label(used["metric"].get("name", "")),
+            device = DeviceEvidence(index, label(used["metric"].get("name", "")),
                                     int(total_bytes) if total_bytes else None, _series(used["values"], stamps))
     torch = {k: _series(got[k][0]["values"], stamps) if got.get(k) else None for k in ("allocated", "reserved")}
     info = client.query(f"last_over_time({INFO}{{{sel}}}[{window}])")
@@ -410,11 +412,12 @@ def _node_processes(client: FleetClient, on_node: str) -> tuple[ProcessRow, ...]
     places = {r["metric"].get("pid", ""): label(r["metric"].get("runs_in"), RUNS_IN_CHARS) for r in info}
     for r in client.query(f"{GROWTH}{{{on_node}}}"):
         m = r["metric"]
-        pid_text, gpu_text = m.get("pid", ""), m.get("gpu", "")
-        if not pid_text.isdigit() or len(pid_text) > 10:
+        pid_text = m.get("pid", "")
+        pid = whole_number(pid_text, 10)
+        if pid is None:
             continue
-        gpu = int(gpu_text) if gpu_text.isdigit() and len(gpu_text) < 4 else None
-        row = rows.setdefault((int(pid_text), gpu), {"command": commands.get(pid_text, ""), "runs_in": places.get(pid_text, "")})
+        gpu = whole_number(m.get("gpu"), 3)
+        row = rows.setdefault((pid, gpu), {"command": commands.get(pid_text, ""), "runs_in": places.get(pid_text, "")})
         row["gpu_growth" if m.get("memory") == "gpu" else "rss_growth"] = _number(r["value"][1])
     # A GPU row takes its process's RSS growth from the row without a GPU: looked up, not searched
     # for (an answer holds up to MAX_SERIES rows).

@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from gpuscope.core.leak.growth import theil_sen
 from gpuscope.core.leak import LeakAssessment
 from gpuscope.core.common.atomic import RefusedPath, read_regular
-from gpuscope.core.common.json_depth import nests_deeper
-from gpuscope.core.common.units import format_size
+from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
+from gpuscope.core.common.units import format_size, whole_number
 from gpuscope.errors import UsageError
 
 BASELINE_SCHEMA = "gpuscope.check-baseline/1"
@@ -250,8 +250,8 @@ def load_baseline(path: str) -> Baseline:
     except OSError as exc:
         raise BaselineError(f"cannot read baseline {path}: {exc.strerror or exc}") from None
     try:
-        if nests_deeper(raw, MAX_BASELINE_DEPTH):
-            raise ValueError("nested deeper than a baseline")
+        if nests_deeper(raw, MAX_BASELINE_DEPTH) or values_in(raw) > MAX_VALUES:
+            raise ValueError("nested deeper, or holding more values, than a baseline")
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise BaselineError(
@@ -647,8 +647,9 @@ def _series_order(item: tuple[str, object]) -> tuple[int, int, str]:
     name = item[0]
     if name == "rss":
         return (0, 0, name)
-    if name.startswith("gpu") and name[3:].isdigit():
-        return (1, int(name[3:]), name)
+    index = whole_number(name[3:], 3) if name.startswith("gpu") else None
+    if index is not None:
+        return (1, index, name)
     return (2, 0, name)
 
 

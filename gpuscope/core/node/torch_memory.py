@@ -9,7 +9,9 @@ can show allocated vs reserved beside NVML's figure.
 A probe is a socket any user's process may serve, and one that accepts and never answers must not
 slow the node's sampling: the probes are asked all at once, on threads of their own, and a read
 waits for them at most `READ_WAIT_S` in all. An answer that comes later is used by the next read;
-a probe still asked is not asked again meanwhile, so a silent one holds one thread, not more.
+a probe still asked is not asked again meanwhile, so a silent one holds one thread, not more. A
+probe that did not answer its last question is asked after those that did: silent ones, however
+many, take none of the `MAX_PROBES` places from a probe that answers.
 """
 
 from __future__ import annotations
@@ -30,23 +32,35 @@ class TorchMemoryCollector:
         self._probes = ProbeWatch()
         self._pool = ThreadPoolExecutor(max_workers=MAX_PROBES, thread_name_prefix="gpuscope-torch")
         self._asked: dict[ProbeInfo, Future[tuple[DeviceMemory, ...] | None]] = {}
+        self._silent: set[ProbeInfo] = set()  # did not answer their last question
         self._lock = threading.Lock()
 
     def read(self) -> tuple[TorchMemory, ...]:
         with self._lock:
-            probes = self._probes.probes()[:MAX_PROBES]
+            listed = self._probes.probes()
+            self._silent.intersection_update(listed)
+            probes = sorted(listed, key=lambda info: info in self._silent)[:MAX_PROBES]  # by PID otherwise
             for info in probes:
                 if info not in self._asked:
                     self._asked[info] = self._pool.submit(torch_memory, info.pid, timeout=READ_TIMEOUT_S,
                                                           path=info.path)
             wait([self._asked[info] for info in probes], timeout=READ_WAIT_S)
+            # Every answer that came is taken, of the probes asked now or before (a probe asked
+            # after the others may have answered since): none is dropped unread.
             out = []
-            for info in probes:
-                asked = self._asked[info]
+            listed_now = set(listed)
+            for info, asked in list(self._asked.items()):
                 if not asked.done():
+                    self._silent.add(info)
                     continue  # still asked: its answer is the next read's
                 del self._asked[info]
                 devices = asked.result() if asked.exception() is None else None
+                if info not in listed_now:
+                    continue  # gone meanwhile
+                if devices is None:  # no answer (no CUDA device is an answer: an empty one)
+                    self._silent.add(info)
+                else:
+                    self._silent.discard(info)
                 if not devices:
                     continue  # no CUDA in that process (or it did not answer): nothing to show
                 allocated = [d.allocated for d in devices if d.allocated is not None]
@@ -57,10 +71,7 @@ class TorchMemoryCollector:
                     reserved_bytes=sum(reserved) if reserved else None,
                     devices=len(devices),
                 ))
-            listed = set(probes)
-            for gone in [info for info, asked in self._asked.items() if info not in listed and asked.done()]:
-                del self._asked[gone]
-            return tuple(out)
+            return tuple(sorted(out, key=lambda t: t.pid))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from gpuscope.errors import UsageError
+from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.common.redact import redact_command, redact_text
 
 MAX_ANSWER_BYTES = 4 << 20
+MAX_ANSWER_DEPTH = 64  # a chat completion nests under 10 deep (logprobs included)
 MAX_MESSAGE_CHARS = 16 << 10  # of an answer kept in its conversation
 MAX_CONVERSATION_CHARS = 64 << 10  # of all the answers one conversation keeps (one per worker)
 MAX_LATENCIES = 50_000  # kept per interval (a uniform sample beyond: the quantiles stay unbiased)
@@ -262,6 +264,9 @@ class ChatRequests:
     def answered(self, conversation: Conversation | None, body: bytes) -> tuple[int | None, int | None]:
         assert conversation is not None
         try:
+            # json's parser recurses once a level, and an empty object costs 72 bytes for 3
+            if nests_deeper(body, MAX_ANSWER_DEPTH) or values_in(body) > MAX_VALUES:
+                raise ValueError("nested too deep, or too many values")
             answer = json.loads(body)
             message = answer["choices"][0]["message"]
             content = message.get("content") if isinstance(message, dict) else None

@@ -37,7 +37,7 @@ from urllib.parse import SplitResult, unquote, urljoin, urlsplit, urlunsplit
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.common.redact import MASK, redact_text
 from gpuscope.core.serving.model import SourceError
-from gpuscope.core.common.units import format_limit
+from gpuscope.core.common.units import format_limit, whole_number
 
 MAX_REDIRECTS = 5
 MAX_ERROR_BYTES = 64 << 10  # of an answer that is not a success: enough for its message
@@ -298,8 +298,8 @@ def _read_body(
     MAX_ERROR_BYTES of anything else."""
     limit = max_bytes if ok else min(max_bytes, MAX_ERROR_BYTES)
     too_big = FetchError(f"{where} sent more than {format_limit(max_bytes)}: refused", unreachable=False)
-    length = headers.get("content-length", "")
-    if ok and length.isdigit() and int(length) > max_bytes:
+    length = whole_number(headers.get("content-length"), 20)
+    if ok and length is not None and length > max_bytes:
         raise too_big  # said up front: not a byte of it read
     inflater = _inflater(headers.get("content-encoding"), where)
     body = bytearray()
@@ -321,7 +321,7 @@ def _read_body(
     if deadline.expired:
         raise TimeoutError
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-    if not chunked and length.isdigit() and sent < int(length):
+    if not chunked and length is not None and sent < length:
         raise http.client.IncompleteRead(bytes(body))
     if inflater is not None and not inflater.complete:
         raise FetchError(f"{where} sent a {inflater.encoding} body cut short", unreachable=False)

@@ -57,7 +57,7 @@ from gpuscope.core.serving.profiles import (
     plan,
     resolve,
 )
-from gpuscope.core.common.json_depth import nests_deeper
+from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.serving.promql import Matcher
 from gpuscope.core.common.redact import redact_text
@@ -465,6 +465,8 @@ class _BoundedTransport(BaseAdapter):
             time.sleep(backoff)
         if answer.ok and nests_deeper(answer.body, MAX_JSON_DEPTH):
             raise ValueError(f"JSON nested more than {MAX_JSON_DEPTH} deep")  # never handed to json
+        if answer.ok and values_in(answer.body) > MAX_VALUES:
+            raise ValueError(f"JSON of more than {MAX_VALUES:,} values")  # nor this
         response = requests.Response()
         response.status_code = answer.status
         response.reason = answer.reason
