@@ -448,3 +448,37 @@ def test_generated_damage_never_crashes_report_or_replay(tmp_path, data):
     assert rec.damage in (None, f"skipped 1 damaged record ({table} 1)")
     consume(rec)
     path.unlink()
+
+
+def test_a_recording_is_read_with_sqlites_settings_for_a_file_from_an_attacker(tmp_path):
+    """SQLite's own defences for a database anyone may have written: the schema's functions not
+    trusted, every page's cells checked as read, no memory map of the file."""
+    from gpuscope.core.session.recording import _connect  # noqa: PLC0415 - the connection itself is what is checked
+
+    path = with_bad_frame(tmp_path / "any.gpuscope", FRAME_CASES["not zlib"])
+    conn = _connect(path, tmp_path)
+    try:
+        assert conn.execute("PRAGMA trusted_schema").fetchone()[0] == 0
+        assert conn.execute("PRAGMA cell_size_check").fetchone()[0] == 1
+        assert conn.execute("PRAGMA mmap_size").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
+def test_pages_overwritten_anywhere_end_in_one_line_or_skipped_records(tmp_path):
+    """Bytes of a good recording overwritten at places spread over every page: each copy is read
+    to its end or refused in one line (RecordingError), never another exception."""
+    from gpuscope.core.session.recording import RecordingError  # noqa: PLC0415
+
+    good = with_bad_frame(tmp_path / "good.gpuscope", FRAME_CASES["not zlib"])
+    data = good.read_bytes()
+    page = struct.unpack(">H", data[16:18])[0] or 65536
+    for place in range(100, len(data), max(1, len(data) // 40)):
+        if place % page < 100 and place >= page:
+            continue  # a page's header: SQLite refuses the file at once, covered by the cases above
+        bad = tmp_path / f"bad-{place}.gpuscope"
+        bad.write_bytes(data[:place] + bytes(range(7, 7 + 32)) + data[place + 32:])
+        try:
+            consume(open_recording(bad))
+        except RecordingError:
+            pass

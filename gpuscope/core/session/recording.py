@@ -488,8 +488,15 @@ def _copy_data(src: int, dst: int, size: int, allowed: int) -> int:
 
 def _hardened(conn: sqlite3.Connection) -> sqlite3.Connection:
     """A connection for a file anyone may have written: its schema's functions are not trusted,
-    and no value it yields is larger than MAX_CELL_BYTES (SQLite refuses to make one)."""
+    every page's cells are checked as they are read, nothing is memory-mapped, and no value it
+    yields is larger than MAX_CELL_BYTES (SQLite refuses to make one).
+
+    These are SQLite's own settings for reading a database from an attacker; unlike memray's
+    capture reader, SQLite is fuzzed against crafted files upstream, so a recording is read in
+    gpuscope's process (from its private, bounded copy) rather than in a child as its owner."""
     conn.execute("PRAGMA trusted_schema = OFF")
+    conn.execute("PRAGMA cell_size_check = ON")
+    conn.execute("PRAGMA mmap_size = 0")
     if hasattr(conn, "setlimit"):  # Python 3.11+; on 3.10 the column checks below still hold
         conn.setlimit(getattr(sqlite3, "SQLITE_LIMIT_LENGTH", 0), MAX_CELL_BYTES)  # 0: SQLite's own number for it
     return conn
