@@ -10,12 +10,14 @@ rate is read from a counter file it rewrites every 0.25 s:
   runs (py-spy, nonblocking, 5 dumps a second);
 - over a whole `gpuscope diagnose --duration D` (the default schedule: 30 % watched, at most
   40 % tracked, the rest watched again), averaged over the diagnosis;
-- undisturbed again (the first tracker leaves glibc's thresholds changed: the service after it is
-  not the one before), then `--rounds` interleaved pairs of whole diagnoses in process: the
+- undisturbed again, then `--rounds` interleaved pairs of whole diagnoses in process: the
   tracker running its full time, and stopping as soon as its trend is clear (the default), with
   how long each tracked and why it stopped.
 
-RSS is read before and after each rung (after: once the tracker's memory was given back).
+RSS is read before and after each rung (after: once the tracker's memory was given back). The
+service's allocator thresholds are pinned (GLIBC_TUNABLES), so that no tracker changes how it
+allocates: unpinned, the first tracker raised glibc's mmap threshold for good and the service ran
+16 times faster after it than before.
 
     .venv/bin/python benchmarks/diagnosis_cost.py [--baseline S] [--track S] [--duration S] [--rounds N] [--json]
 """
@@ -41,6 +43,8 @@ from gpuscope.core.diagnosis import ladder as allocations  # noqa: E402
 from gpuscope.core.target import probe_client  # noqa: E402
 from gpuscope.core.diagnosis.steps import diagnose  # noqa: E402
 from gpuscope.core.diagnosis.investigation import investigate  # noqa: E402
+
+PINNED_ALLOCATOR = "glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=8388608"
 
 SERVICE = """
 import os, sys, time
@@ -94,8 +98,14 @@ def main() -> int:
     script = os.path.join(folder, "service.py")
     counter = os.path.join(folder, "count")
     Path(script).write_text(textwrap.dedent(SERVICE))
+    # glibc raises its mmap threshold the first time a large block is freed, and a tracker's own
+    # large buffers raise it far above the service's 500 kB ones, which then stop being mapped and
+    # unmapped on every request: the service after the first tracker is faster than before it, and
+    # a slowdown measured across that change means nothing. Pinned (as a long-running service's
+    # threshold ends up anyway), the service allocates the same way throughout.
+    env = dict(os.environ, GLIBC_TUNABLES=PINNED_ALLOCATOR)
     proc = subprocess.Popen([sys.executable, "-m", "gpuscope", "run", "--", sys.executable, script, counter],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT))
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT), env=env)
     rows = []
     try:
         assert proc.stdout.readline().strip() == "ready"
