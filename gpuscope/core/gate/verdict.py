@@ -249,9 +249,13 @@ def load_baseline(path: str) -> Baseline:
         raise BaselineError(f"baseline {path} is a folder, not a file") from None
     except OSError as exc:
         raise BaselineError(f"cannot read baseline {path}: {exc.strerror or exc}") from None
+    if nests_deeper(raw, MAX_BASELINE_DEPTH) or values_in(raw) > MAX_VALUES:
+        raise BaselineError(
+            f"baseline {path} is not valid JSON (corrupt or truncated), or is nested deeper than {MAX_BASELINE_DEPTH} "
+            f"or holds more than {MAX_VALUES:,} values, as no baseline gpuscope writes does: write it again with "
+            "--update-baseline"
+        )
     try:
-        if nests_deeper(raw, MAX_BASELINE_DEPTH) or values_in(raw) > MAX_VALUES:
-            raise ValueError("nested deeper, or holding more values, than a baseline")
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise BaselineError(
