@@ -261,4 +261,6 @@ def test_slow_sampling_keeps_the_growth_series_and_says_its_pace_and_the_command
     assert all("command" not in s.labels for name, ss in families.items() if name != "gpuscope_process_info"
                for s in ss)
     assert [s.value for s in families["gpuscope_exporter_sample_interval_seconds"]] == [15.0]
+    # scraped 15 s after the latest sample arrived: the exporter says how old what it serves is
+    assert [s.value for s in families["gpuscope_exporter_sample_age_seconds"]] == [15.0]
     assert [s.labels["reason"] for s in families["gpuscope_nvml_up"]] == ["no-driver"]
