@@ -21,11 +21,12 @@ from gpuscope.core.fleet.exporter import choose_exported
 from gpuscope.core.node.cgroup import parse_cgroup
 from gpuscope.core.node.host import HostProcess
 from gpuscope.core.leak import LeakThresholds
-from gpuscope.core.fleet.rules import render_rules
+from gpuscope.core.fleet.rules import EVALUATION_INTERVAL, render_rules
 from helpers import fake_nvml_env, free_port, gpuscope_cmd, wait_until
 from prometheus_server import prometheus_with_config
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+SCRAPE_S = 1  # how often the test's Prometheus scrapes the exporters
 FAST_LEAKER = """
 import time
 keep = []
@@ -74,7 +75,7 @@ def _answers(url: str) -> bool:
 def prometheus_with_rules(tmp: Path, targets: dict[str, str], rules: str):
     (tmp / "rules.yml").write_text(rules)
     config = (
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+        f"global:\n  scrape_interval: {SCRAPE_S}s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
         f"rule_files: [{tmp / 'rules.yml'}]\nscrape_configs:\n  - job_name: gpuscope\n    static_configs:\n"
         + "".join(f"      - targets: ['{target}']\n        labels: {{host: {name}}}\n" for name, target in targets.items())
     )
@@ -131,6 +132,23 @@ def test_two_nodes_in_prometheus_the_leak_fires_and_a_dead_node_is_down_not_zero
             wait_until(lambda: prom.query(alert), timeout=90, interval=1, what="the leak alert to fire")
             fired = prom.query(alert)
             assert {(r["metric"]["node"], r["metric"]["pid"]) for r in fired} == {("node-a", pid)}
+
+            # The leaker exits: its series go stale at the next scrape, and at the rules' next
+            # evaluation its alerts resolve and its recorded trends end. Timed by Prometheus's own
+            # clock (the times of its samples and evaluations), not the test's.
+            leaker.kill()
+            leaker.wait(timeout=10)
+            mine = f'{{node="node-a",pid="{pid}"}}'
+            trends = f'{{__name__=~"gpuscope:process_.+:floor_deriv.+",node="node-a",pid="{pid}"}}'
+            wait_until(lambda: not prom.query(f"ALERTS{mine}") and not prom.query(trends), timeout=60, interval=1,
+                       what="the alert to resolve and the recorded trend to end")
+            last = max(float(t) for s in prom.query(f"gpuscope_process_gpu_memory_bytes{mine}[10m]")
+                       for t, _ in s["values"])  # the last scrape that had the process
+            # Both were there while it lived (a loaded machine may have let the alert lapse for a while).
+            assert prom.query(f"ALERTS{mine}[10m]", at=last) and prom.query(trends, at=last)
+            ended = last + SCRAPE_S + int(EVALUATION_INTERVAL.rstrip("s")) + 1  # one scrape, one evaluation, 1 s slack
+            assert prom.query(f"ALERTS{mine}", at=ended) == [], "the alert outlived its process"
+            assert prom.query(trends, at=ended) == [], "the recorded trend outlived its process"
 
             # A node whose exporter is gone is down (up == 0), and its series go stale, not to zero.
             proc_b.kill()
@@ -244,4 +262,6 @@ def test_slow_sampling_keeps_the_growth_series_and_says_its_pace_and_the_command
     assert all("command" not in s.labels for name, ss in families.items() if name != "gpuscope_process_info"
                for s in ss)
     assert [s.value for s in families["gpuscope_exporter_sample_interval_seconds"]] == [15.0]
+    # scraped 15 s after the latest sample arrived: the exporter says how old what it serves is
+    assert [s.value for s in families["gpuscope_exporter_sample_age_seconds"]] == [15.0]
     assert [s.labels["reason"] for s in families["gpuscope_nvml_up"]] == ["no-driver"]

@@ -220,3 +220,14 @@ def test_a_rise_under_flat_bytes_is_flat_whatever_the_rate(tmp_path):
     done = promtool_test(tmp_path, gpu_series(vals), fast_checks({m / 60: [] for m in range(60, 241, 10)}),
                          rules_text(th), every=FAST_S)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_cache_emptied_and_filled_again_over_minutes_fires_only_on_its_first_fill(tmp_path):
+    # 600 MB filled in 4 minutes (2.5 MB/s, over the 1-minute horizon's rate), emptied, filled again:
+    # the first fill climbs to a height never held before (growth while it climbs); each fill after
+    # it only returns to where the one before was, which the 10 minutes looked back on before the
+    # horizon see (one horizon back would see only the same fill, lower).
+    vals = values(sawtooth(240, 600 * MB), 20, seed=5, every=FAST_S)
+    checks = fast_checks({3: ["1m"], **{s / 60: [] for s in range(260, 1201, 10)}})
+    done = promtool_test(tmp_path, gpu_series(vals), checks, every=FAST_S)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -24,10 +24,12 @@ class Prometheus:
         with _DIRECT.open(self.url + path, timeout=10) as r:
             return json.loads(r.read())
 
-    def query(self, promql: str) -> list[dict]:
+    def query(self, promql: str, at: float | None = None) -> list[dict]:
+        """An instant query, now or `at` (seconds since the epoch: as Prometheus saw that moment)."""
         from urllib.parse import quote
 
-        return self.get(f"/api/v1/query?query={quote(promql)}")["data"]["result"]
+        when = "" if at is None else f"&time={at:.3f}"
+        return self.get(f"/api/v1/query?query={quote(promql)}{when}")["data"]["result"]
 
     def value(self, promql: str) -> float | None:
         result = self.query(promql)

@@ -15,8 +15,9 @@ longer ones that see slow leaks, each carrying the whole test at its horizon h:
   floor (a sawtooth, a cache that was emptied and fills again, rise to where they have been);
 - a leak at h: all of that, with the trend at least rate_margin x alert_rate(h), for
   max(one floor, MIN_FOR_S);
-- alive: the series itself has a sample now, so an alert resolves and the trend's recorded series
-  ends at the first evaluation after the process's series goes stale (its exit).
+- alive: the trend is recorded only while the series itself has a sample now, and the alert reads
+  the recorded trend: at the first evaluation after the process's series goes stale (its exit) the
+  trend ends and the alert resolves.
 
 The alerts carry the process's `command` from `gpuscope_process_info` (the memory series do not).
 
@@ -110,7 +111,8 @@ def ramp_expr(series: str, horizon_s: int, th: LeakThresholds) -> str:
 
 def alert_expr(src: Source, record: str, horizon_s: int, th: LeakThresholds) -> str:
     threshold = th.rate_margin * th.alert_rate(horizon_s)
-    expr = f"(\n{record} > {threshold:.6g}\nand\n{ramp_expr(src.series, horizon_s, th)}\n)\nand\n{src.series}"
+    # Alive through the recorded trend (`slope_expr`): it ends with the series, and the alert with it.
+    expr = f"(\n{record} > {threshold:.6g}\nand\n{ramp_expr(src.series, horizon_s, th)}\n)"
     if src.process:
         expr = f"(\n{expr}\n)\n* on ({PROCESS_KEY}) group_left (command) gpuscope_process_info"
     return expr
