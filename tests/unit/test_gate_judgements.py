@@ -1,5 +1,6 @@
 """The gate's judgements on made-up rounds: the growth line, the allowance, each criterion."""
 
+import dataclasses
 import math
 
 import pytest
@@ -357,6 +358,25 @@ def test_a_batch_round_cut_short_is_named_and_left_out_of_the_median():
     v = judge(batch([0, 100, 900], cut=(2,)), base)
     assert criterion(v, "rss-peak").figures["median_bytes"] == 100
     assert v.round_failures == {2: "failed"}
+
+
+def test_a_batch_that_holds_more_at_its_end_fails_its_retained_criterion_alone():
+    base = baseline_of(rounds([0, 50, 50, 50], peaks=[0, 100, 100, 100]))
+    v = judge(run_of(rounds([0, 50, 80, 80], peaks=[0, 100, 100, 100]), settings={"mode": "batch"}), base)
+    assert criterion(v, "rss-peak").passed is True
+    c = criterion(v, "rss-retained")
+    assert c.passed is False and c.figures["median_bytes"] == 80 and c.figures["limit_bytes"] == 52
+    assert "held at its end" in c.message and not v.passed
+    same = judge(run_of(rounds([0, 50, 51, 51], peaks=[0, 100, 100, 100]), settings={"mode": "batch"}), base)
+    assert criterion(same, "rss-retained").passed is True and same.passed
+
+
+def test_a_batch_baseline_that_recorded_its_ends_otherwise_does_not_judge_them():
+    base = dataclasses.replace(baseline_of(rounds([0, 50, 50], peaks=[0, 100, 100])), settings={"mode": "batch"})
+    v = judge(run_of(rounds([0, 90, 90], peaks=[0, 100, 100]),
+                     settings={"mode": "batch", "retained_from_last": 3}), base)
+    c = criterion(v, "rss-retained")
+    assert c.passed is None and "write it again with --update-baseline" in c.message and v.passed
 
 
 # -- the edges -------------------------------------------------------------------------------------------

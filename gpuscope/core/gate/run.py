@@ -98,7 +98,8 @@ class Plan:
         return {"mode": self.mode, "rounds": self.rounds, "warmup_rounds": self.warmup_rounds,
                 "load": redact_command(self.load) if self.load else None,
                 "round_s": None if self.load or self.batch else self.round_s,
-                "settle_s": None if self.batch else self.settle_s}
+                "settle_s": None if self.batch else self.settle_s,
+                **({"retained_from_last": RETAINED_SAMPLES} if self.batch else {})}
 
 
 # -- the service -------------------------------------------------------------------------------------
@@ -557,6 +558,11 @@ def drive(
                     comparable_from)
 
 
+# What a batch run held at its end: the largest of its last samples, as the very last may fall in
+# the interpreter's teardown (which frees what the job kept).
+RETAINED_SAMPLES = 3
+
+
 def drive_batch(
     start: Callable[[], subprocess.Popen],
     plan: Plan,
@@ -566,8 +572,8 @@ def drive_batch(
     progress: Callable[[str], None] = lambda line: None,
 ) -> CheckRun:
     """A batch command (one that finishes) run once per round, warm-ups first: per round its peak
-    memory and what it held last before it exited (the round's `floor`: what the run kept to its
-    end), sampled every `interval_s`. Stops at the first run that fails or runs past
+    memory and what it held at its end (the round's `floor`: the largest of its last
+    RETAINED_SAMPLES samples, what the run kept to its end), sampled every `interval_s`. Stops at the first run that fails or runs past
     `round_timeout_s`; the runs so far are kept. Nothing started is left running."""
     rounds: list[Round] = []
     stopped = stopped_by = None
@@ -578,7 +584,7 @@ def drive_batch(
         proc = start()
         memory = memory_of(proc.pid)
         peak: dict[str, int] = {}
-        last: dict[str, int] = {}
+        last: dict[str, list[int]] = {}
         started = time.monotonic()
         cut = None
         try:
@@ -591,7 +597,7 @@ def drive_batch(
                 readings.update({f"gpu{d}": used for d, used in (memory.gpu() or {}).items()})
                 for series, value in readings.items():
                     peak[series] = max(value, peak.get(series, value))
-                    last[series] = value
+                    last[series] = [*last.get(series, [])[1 - RETAINED_SAMPLES:], value]
                 time.sleep(plan.interval_s)
         finally:
             if proc.poll() is None:
@@ -602,7 +608,7 @@ def drive_batch(
         if cut is None and status != 0:
             cut = f"the command exited with status {status} in {what}"
         done = Round(number, number <= 0, time.monotonic() - started,
-                     {s: Memory(last[s], peak[s]) for s in peak}, load_exit=status, completed=cut is None, note=cut)
+                     {s: Memory(max(last[s]), peak[s]) for s in peak}, load_exit=status, completed=cut is None, note=cut)
         rounds.append(done)
         peaks = ", ".join(f"{'RSS' if s == 'rss' else 'GPU ' + s[3:]} peak {m.peak / 2**20:.1f} MiB"
                           for s, m in sorted(done.memory.items()) if m.peak is not None)

@@ -476,16 +476,25 @@ def _growth_criterion(series: str, g: Growth, b: Growth | None, tolerance: float
 
 def _judge_batch(run: CheckRun, baseline: Baseline | None, tolerance: float, tolerance_pct: float,
                  compare: bool) -> Verdict:
-    """A batch command, run once per round: every run must succeed, and the median of its peaks must
-    stay within the tolerance of the baseline's. (What a run held last before exiting is recorded
-    as its `floor`, not judged: the last sample may fall in the interpreter's teardown.)"""
+    """A batch command, run once per round: every run must succeed, and the medians of its peaks
+    and of what each run held at its end (its `floor`) must stay within the tolerance of the
+    baseline's, as pytest-memray's `limit_memory` and `limit_leaks` do for a test. What was held
+    at the end is judged only against a baseline that recorded it the same way."""
     if run.stopped_by == "service":
         command = Criterion("command", False, run.stopped or "the command failed", {"exit_status": run.exit_status})
     else:
         command = Criterion("command", True, f"the command succeeded in each of the {len(run.judged)} runs", {})
     criteria = [command]
+    same_end = baseline is None or baseline.settings.get("retained_from_last") == run.settings.get("retained_from_last")
     for series in run.series():
         criteria.append(_batch_criterion(series, "peak", "peak", run, baseline, tolerance, tolerance_pct, compare))
+        retained = _batch_criterion(series, "retained", "held at its end", run, baseline, tolerance, tolerance_pct,
+                                    compare)
+        if not same_end and retained.passed is not None:
+            retained = Criterion(retained.name, None, retained.message.split(";")[0] + ": the baseline did not "
+                                 "record what its runs held at their end: write it again with --update-baseline",
+                                 retained.figures)
+        criteria.append(retained)
     passed = all(c.passed is not False for c in criteria)
     return Verdict(passed, tuple(criteria), {}, {}, {}, (), {r.number: r.note or "failed" for r in run.rounds
                                                            if not r.completed})
