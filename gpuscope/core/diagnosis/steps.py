@@ -264,11 +264,14 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
         # growth, and the stretches' levels are their medians, which swings do not move.
         known = [b for b in each if b is not None]
         slope = 0.0 if not known or (len(known) == 2 and known[0] * known[1] <= 0) else min(known, key=abs)
-        # Where both rise, each is read at its edge on its own trend: read on the gentler slope, a
-        # steeper stretch's median would stand for its middle, and the later stretch would be
-        # joined below where the earlier one ended (a fall that never happened, read as a sawtooth).
-        rising = slope > 0 and min(kendall_tau(seg) if len(seg) >= 2 else 0.0 for seg in floors) >= GROWTH_STEADY_TAU
-        own = list(each) if rising else [slope, slope]
+        # Where both stretches' floors rise steadily, each is read at its edge on its own trend: read
+        # on the gentler slope, a steeper stretch's median would stand for its middle, and the later
+        # stretch would be joined below where the earlier one ended (a fall that never happened,
+        # read as a sawtooth).
+        own = [slope, slope]
+        if before is not None and after is not None and slope > 0 \
+                and min(kendall_tau(seg) if len(seg) >= 2 else 0.0 for seg in floors) >= GROWTH_STEADY_TAU:
+            own = [before, after]
     edge = [statistics.median(v - own[i] * t for t, v in floors[i]) + own[i] * at
             for i, at in ((0, pre[-1][0]), (1, post[0][0]))]
     left = max(0.0, edge[1] - edge[0] - slope * (hole + step))  # above the trend on the real clock: the tracker's
