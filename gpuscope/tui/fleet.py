@@ -23,6 +23,7 @@ from gpuscope.core.fleet.attach import AttachRefused, attach_argv, run_attach
 from gpuscope.core.fleet.collector import FleetProcess, FleetSnapshot, FleetSource
 from gpuscope.core.common.units import format_bytes, format_rate
 from gpuscope.tui.palette import DEFAULT_PALETTE, Palette, follow_theme
+from gpuscope.tui.processes import shown_command
 
 COLUMNS = (("node", "NODE"), ("pod", "POD"), ("pid", "PID"), ("gpu", "GPU"), ("gpu_mem", "GPU MEM"),
            ("rss", "RSS"), ("growth", "GROW MB/s"), ("verdict", "VERDICT"), ("command", "COMMAND"))
@@ -66,7 +67,7 @@ def cells(p: FleetProcess, palette: Palette) -> dict[str, Text]:
         "rss": Text(format_bytes(p.rss_bytes, na="-"), justify="right"),
         "growth": Text(growth, justify="right", style=f"bold {palette.growth}" if grows else ""),
         "verdict": Text(verdict, style=f"bold {palette.error}" if p.alerting or p.verdict == "leak" else ""),
-        "command": Text(p.command),
+        "command": Text(shown_command(p.command, p.runs_in)),
     }
 
 

@@ -139,6 +139,11 @@ def test_hostile_label_values_are_refused_and_made_printable():
                                       "pid": "42", "start_time": "1", "command": "x" * 500, "memory": "rss", "gpu": ""},
                            "value": [0, "5"]}])
     assert "\x1b" not in rows[0].node and "\x07" not in rows[0].node and len(rows[0].command) <= 80
+    # Where it runs comes with its command line, from the info series.
+    placed, _ = fleet_rows([{"metric": {"gpuscope_query": "info", "node": "n", "pid": "42", "start_time": "1",
+                                        "command": "python serve.py", "runs_in": "rag.service\x1b[2J"},
+                             "value": [0, "1"]}])
+    assert placed[0].runs_in.startswith("rag.service") and "\x1b" not in placed[0].runs_in, placed[0]
     with pytest.raises(AttachRefused):
         attach_argv(DEFAULT_ATTACH, rows[0])
 

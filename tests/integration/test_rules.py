@@ -21,7 +21,8 @@ SCRAPE_S = 15
 ALERT = "GpuscopeLeakProcessGpuMemory"
 PROCESS = 'node="node-a",pid="4242",start_time="1.00"'
 LABELS = PROCESS + ',user="svc",pod_uid="",container_id="",gpu="0"'
-INFO = f'gpuscope_process_info{{{PROCESS},command="python serve.py",user="svc",pod_uid="",container_id=""}}'
+INFO = (f'gpuscope_process_info{{{PROCESS},command="python serve.py",user="svc",pod_uid="",container_id="",'
+        f'runs_in="rag.service"}}')
 
 
 def rules_text(th: LeakThresholds = LeakThresholds()) -> str:
@@ -183,11 +184,11 @@ def test_the_alert_resolves_and_the_recorded_trend_ends_at_the_exit(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_the_alert_carries_the_command_from_the_info_series(tmp_path):
+def test_the_alert_carries_the_command_and_where_it_runs_from_the_info_series(tmp_path):
     vals = values(lambda t: 4 * MB * t, 3, seed=5, every=FAST_S)
-    check = ("      - expr: count by (command) (ALERTS{alertstate=\"firing\"})\n"
+    check = ("      - expr: count by (command, runs_in) (ALERTS{alertstate=\"firing\"})\n"
              "        eval_time: 3m\n        exp_samples:\n"
-             "          - labels: '{command=\"python serve.py\"}'\n            value: 1\n")
+             "          - labels: '{command=\"python serve.py\", runs_in=\"rag.service\"}'\n            value: 1\n")
     done = promtool_test(tmp_path, gpu_series(vals), [check], every=FAST_S)
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -85,6 +85,7 @@ class FleetProcess:
     pid: int
     start_time: str
     command: str = ""
+    runs_in: str = ""  # its systemd unit, container or pod, as its node's exporter read it
     user: str = ""
     pod: str = ""
     namespace: str = ""
@@ -181,6 +182,7 @@ def fleet_rows(results: Sequence[Mapping]) -> tuple[tuple[FleetProcess, ...], fl
             row["alerting"] = True
         elif part == "info":
             row["command"] = label(labels.get("command"), COMMAND_CHARS)
+            row["runs_in"] = label(labels.get("runs_in"), RUNS_IN_CHARS)
     rows = []
     for (node, pid_text, start), row in found.items():
         labels = row["labels"]
@@ -189,7 +191,7 @@ def fleet_rows(results: Sequence[Mapping]) -> tuple[tuple[FleetProcess, ...], fl
         gpus = row["gpus"]
         rows.append(FleetProcess(
             node=node, pid=int(pid_text), start_time=start,
-            command=row.get("command", ""), user=label(labels.get("user")),
+            command=row.get("command", ""), runs_in=row.get("runs_in", ""), user=label(labels.get("user")),
             pod=label(labels.get("pod")), namespace=label(labels.get("namespace")),
             pod_uid=label(labels.get("pod_uid")),
             gpus=tuple(sorted(gpus)), gpu_bytes=sum(gpus.values()) if gpus else None,

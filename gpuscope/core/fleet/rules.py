@@ -114,7 +114,7 @@ def alert_expr(src: Source, record: str, horizon_s: int, th: LeakThresholds) -> 
     # Alive through the recorded trend (`slope_expr`): it ends with the series, and the alert with it.
     expr = f"(\n{record} > {threshold:.6g}\nand\n{ramp_expr(src.series, horizon_s, th)}\n)"
     if src.process:
-        expr = f"(\n{expr}\n)\n* on ({PROCESS_KEY}) group_left (command) gpuscope_process_info"
+        expr = f"(\n{expr}\n)\n* on ({PROCESS_KEY}) group_left (command, runs_in) gpuscope_process_info"
     return expr
 
 
