@@ -17,6 +17,7 @@ Run on demand, not in CI (it runs the guarding tests once per mutant):
     python scripts/mutants.py --every 3       # one mutant in three (a quicker estimate)
     python scripts/mutants.py --jobs 2        # two mutants at a time (each in its own copy)
     python scripts/mutants.py --survivors OUT # only those an earlier run's output OUT lists as survived
+    python scripts/mutants.py leak --only _analysis.py   # only mutants whose line (as listed) has this text
 
 Some survivors are equivalent mutants (`<` made `<=` where the two never differ on any input):
 those are listed in EQUIVALENT, each with why, and left out of the count; write a test of the
@@ -68,7 +69,7 @@ TARGETS: dict[str, tuple[Target, ...]] = {
         Target("gpuscope/core/leak/_assessment.py", ("LeakThresholds.alert_rate",), LEAK_UNIT),
         Target("gpuscope/core/leak/_life.py", ("warming_up", "ended_run"), LEAK_UNIT),
         Target("gpuscope/core/leak/_analysis.py", ("_judge", "_analyse_flat", "_analyse", "_combine", "_with_torch"),
-               ("tests/unit/test_leak_judgements.py", "tests/unit/test_leak_flat.py", "tests/integration/test_leak.py")),
+               ("tests/unit/test_leak_analysis.py", "tests/unit/test_leak_flat.py", "tests/integration/test_leak.py")),
     ),
     "diagnosis": (
         Target("gpuscope/core/diagnosis/steps.py",
@@ -350,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=PER_MUTANT_TIMEOUT_S, help="seconds per mutant")
     parser.add_argument("--survivors", metavar="FILE",
                         help="run only the mutants a run's output FILE lists as survived (after adding tests)")
+    parser.add_argument("--only", metavar="TEXT", action="append", default=[],
+                        help="only the mutants whose description (as --list prints it: module:line (function) "
+                             "change: line) contains TEXT; given twice, either")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy (default 1)")
     args = parser.parse_args(argv)
     chosen = args.targets or list(TARGETS)
@@ -362,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         stale = set(EQUIVALENT) - {m.key for _, m in every}
         for key in sorted(stale):
             print(f"no mutant is {key} any more: drop it from EQUIVALENT")
-    picked = [(name, m) for name, m in every if m.key not in EQUIVALENT][::max(1, args.every)]
+    picked = [(name, m) for name, m in every if m.key not in EQUIVALENT
+              and (not args.only or any(text in m.describe() for text in args.only))][::max(1, args.every)]
     if args.survivors:
         survived = {_unnumbered(line.strip().removeprefix("survived: "))
                     for line in Path(args.survivors).read_text().splitlines() if line.strip().startswith("survived: ")}
