@@ -116,7 +116,7 @@ TARGETS: dict[str, tuple[Target, ...]] = {
 # named by its module, function, the text of its line and the change, and is left out of the count
 # (listed apart). Why each is equivalent:
 _HELD, _ASSESSMENT = "gpuscope/core/leak/_held.py", "gpuscope/core/leak/_assessment.py"
-_VERDICT = "gpuscope/core/gate/verdict.py"
+_VERDICT, _ANALYSIS = "gpuscope/core/gate/verdict.py", "gpuscope/core/leak/_analysis.py"
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_HELD, "held_trend", "if len(points) > TREND_POINTS:", "Gt -> GtE"):
         "at exactly TREND_POINTS points the thinning step is 1: the points are kept as they are",
@@ -146,6 +146,47 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the same: a median of 1 byte is far under MIN_SITE_EXCESS",
     (_VERDICT, "_sites_criterion", "else None) or (rss.reference_floor if rss is not None else None) or 0",
      "0 -> 1"): "an allowance of 0.03 byte rounds to 0, and a steady site keeps at least MIN_SITE_EXCESS",
+    (_ANALYSIS, "_judge", "if sketch.flat_since <= t0:", "LtE -> Lt"):
+        "a horizon all alike is passed over as a shortcut; judged, it is flat (no leak, no change, no swings), "
+        "which never changes what _combine chooses, and the whole series is always judged",
+    (_ANALYSIS, "_judge", "view = cache(-1 if whole else i, h, functools.partial(compute, h, whole))", "1 -> 2"):
+        "the whole series' key in the cache has only to differ from the horizons' indices (0 and up)",
+    **{(_ANALYSIS, "_analyse_flat", line, change): "the shortcut declines a horizon more: _analyse judges it and says "
+       "the same (test_leak_flat holds the two equal)"
+       for line, change in (("if n < th.min_samples or span < th.min_span_s - 1e-9:", "Lt -> LtE"),
+                            ("if n < th.min_samples or span < th.min_span_s - 1e-9:", "Lt -> LtE (#2)"),
+                            ("if n < th.min_samples or span < th.min_span_s - 1e-9:", "Sub -> Add"),
+                            ("if m < 4:", "Lt -> LtE"), ("if m < 4:", "4 -> 5"))},
+    (_ANALYSIS, "_analyse_flat", "if n < th.min_samples or span < th.min_span_s - 1e-9:", "1e-09 -> 2e-09"):
+        "the 1e-9 s is room for float error in a span: no series' span falls within it of ten seconds",
+    (_ANALYSIS, "_analyse", "if n < th.min_samples or span < th.min_span_s - 1e-9:", "1e-09 -> 2e-09"): "the same",
+    (_ANALYSIS, "_analyse", "if n < th.min_samples or span < th.min_span_s - 1e-9:", "Lt -> LtE (#2)"): "the same",
+    (_ANALYSIS, "_analyse_flat",
+     'a = LeakAssessment("no-leak", "flat", 0.0, min(max(_evidence(m, span, th), 0.0), 1.0), t_start, None, v, v, n,',
+     "1.0 -> 2.0"): "the evidence is under 1: the bound is never reached",
+    (_ANALYSIS, "_analyse",
+     "a = LeakAssessment(verdict, pattern, growth, min(max(confidence, 0.0), 1.0), since, None, first, last,",
+     "1.0 -> 2.0"): "every confidence is a product of factors in [0, 1]: the bound is never reached",
+    (_ANALYSIS, "_analyse", 'shapes = [("line", rss_line, 0)]', "0 -> 1"): "the line's break index is never read",
+    (_ANALYSIS, "_analyse", "return 0.0, 0.0", "0.0 -> 1.0 (#2)"):
+        "the rise over fewer than two floors is never read: a rise is read only where three floors or more are",
+    (_ANALYSIS, "_analyse", 'return view("leak", GROWING, b, confidence, since, text, duration, swinging, True)',
+     "True -> False"): "a leak's change flag is never read: _combine returns a leak before it reads any",
+    (_ANALYSIS, "_analyse",
+     "stepped = _step_time(buckets, points[k - 1][0], base + sums.mean(0, k) + jump / 2, jump > 0)", "Gt -> GtE"):
+        "the jump is never 0 here: one within the flat band (at least 0) was passed over",
+    (_ANALYSIS, "_analyse", "if jump > 0:", "Gt -> GtE"): "the same",
+    (_ANALYSIS, "_analyse", "return settled(k, t_start, points[k][0], sums.mean(k, m) - ys[0], step=False)",
+     "Sub -> Add"): "the fits' values are relative to the first floor: ys[0] is 0",
+    (_ANALYSIS, "_with_torch", "return a.pattern == GROWING and (a.growth_bytes_per_s or 0.0) > 0", "Gt -> GtE"):
+        "a judgement of growth has a positive rate (its rise cleared the flat band, 0 bytes or more): never 0",
+    (_ANALYSIS, "_with_torch", "return a.pattern == GROWING and (a.growth_bytes_per_s or 0.0) > 0", "0.0 -> 1.0"):
+        "the same: read only for a judgement of growth, whose rate is a positive number",
+    (_ANALYSIS, "_with_torch", "primary_rate = primary.growth_bytes_per_s or 0.0", "0.0 -> 1.0"):
+        "read only when the primary series grows, when its rate is a positive number",
+    (_ANALYSIS, "_with_torch",
+     "allocated_flat = not growing(allocated) or (allocated.growth_bytes_per_s or 0.0) < 0.1 * primary_rate",
+     "0.0 -> 1.0"): "read only when allocated grows, when its rate is a positive number",
     ("gpuscope/core/fleet/rules.py", "leak_rules",
      'out.append(f"      - record: {DCGM_RECORD}\\n        expr: {_block(expr, 10)}\\n")', "10 -> 11"):
         "a YAML block scalar indented one more space reads the same",

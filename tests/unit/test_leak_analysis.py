@@ -30,7 +30,8 @@ def test_six_samples_over_ten_seconds_are_enough_and_fewer_or_shorter_are_not():
     enough = [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert judged(enough, rising(enough)) == ("leak", "steady-growth")
     five = [0.0, 2.5, 5.0, 7.5, 10.0]
-    assert judged(five, rising(five)) == ("inconclusive", "insufficient-data")
+    a = assess(five, rising(five))
+    assert (a.verdict, a.pattern, a.confidence) == ("inconclusive", "insufficient-data", 0.0)
     short = [0.0, 2.0, 4.0, 6.0, 8.0, 9.99]
     assert judged(short, rising(short)) == ("inconclusive", "insufficient-data")
 
@@ -38,7 +39,7 @@ def test_six_samples_over_ten_seconds_are_enough_and_fewer_or_shorter_are_not():
 def test_samples_in_only_three_stretches_are_too_few_floors_and_four_are_enough():
     three = [0.0, 0.1, 0.2, 17.0, 17.1, 17.2, 39.8, 39.9, 40.0]
     a = assess(three, [3 * MB * t for t in three])
-    assert (a.verdict, a.pattern) == ("inconclusive", "insufficient-data")
+    assert (a.verdict, a.pattern, a.confidence) == ("inconclusive", "insufficient-data", 0.0)
     assert "only 3 stretches" in a.reason
     four = [0.0, 0.1, 0.2, 17.0, 17.1, 17.2, 28.0, 28.1, 28.2, 39.8, 39.9, 40.0]
     assert judged(four, [3 * MB * t for t in four]) == ("leak", "steady-growth")
@@ -68,6 +69,32 @@ def test_a_step_is_settled_once_flat_for_the_least_plateau():
     assert soon.confidence == pytest.approx(settled.confidence / 2)
 
 
+def test_one_floor_after_a_step_is_not_yet_a_plateau_however_long_it_lasts():
+    two_minutes = [float(i) for i in range(121)]  # 15 floors of 8 s: the step at 110 s leaves one after it
+    a = assess(two_minutes, stepped(110, 50 * MB, two_minutes))
+    assert (a.verdict, a.pattern, a.since) == ("inconclusive", "step-then-plateau", 110.0)
+    assert "flat for 10 s so far: too soon to say" in a.reason
+
+
+def test_a_step_right_after_the_first_floor_is_a_step():
+    a = assess(SECONDS, stepped(10, 50 * MB))
+    assert (a.verdict, a.pattern, a.since) == ("no-leak", "step-then-plateau", 10.0)
+
+
+def test_a_step_spread_over_seconds_is_dated_when_it_crossed_its_middle():
+    values = [100 * MB + 50 * MB * min(1.0, max(0.0, (t - 95) / 10)) for t in SECONDS]  # 95 s to 105 s
+    a = assess(SECONDS, values)
+    assert (a.verdict, a.pattern, a.since) == ("no-leak", "step-then-plateau", 101.0)
+
+
+def test_a_plateau_drifting_within_the_band_is_half_as_sure_as_a_still_one():
+    still = assess(SECONDS, stepped(95, 50 * MB))
+    drifting = assess(SECONDS, [v + (10 * MB * (t - 95) / 145 if t >= 95 else 0.0)
+                                for t, v in zip(SECONDS, stepped(95, 50 * MB))])
+    assert (drifting.verdict, drifting.pattern, drifting.since) == ("no-leak", "step-then-plateau", 95.0)
+    assert drifting.confidence == pytest.approx(still.confidence / 2, rel=0.01)
+
+
 # -- a ramp that stopped (warm-up) ---------------------------------------------------------------------------
 
 
@@ -81,7 +108,45 @@ def test_a_warm_up_is_settled_once_flat_for_a_third_of_the_horizon():
     assert judged(SECONDS, ramp(170.0)) == ("inconclusive", "step-then-plateau")
 
 
+def test_a_ramp_that_stopped_two_floors_ago_is_a_warm_up_too_soon_to_call():
+    a = assess(SECONDS, [100 * MB + 1 * MB * min(t, 220.0) for t in SECONDS])
+    assert (a.verdict, a.pattern, a.since) == ("inconclusive", "step-then-plateau", 0.0)
+    assert a.reason.endswith("flat for 20 s so far: too soon to say")
+
+
+def test_eight_floors_are_enough_to_see_a_warm_up():
+    minute = [float(i) for i in range(64)]  # 64 samples: 8 floors
+    a = assess(minute, [100 * MB + 5 * MB * min(t, 40.0) for t in minute])
+    assert (a.verdict, a.pattern, a.since) == ("no-leak", "step-then-plateau", 0.0)
+
+
+def test_a_warm_up_may_creep_on_at_a_quarter_of_its_rate():
+    wide = LeakThresholds(flat_bytes=100 * MB)  # a creep of 40 MB after it is within the band
+
+    def ramp(creep):
+        return [100 * MB + 2 * MB * min(t, 155.0) + creep * max(0.0, t - 155) for t in SECONDS]
+
+    assert assess(SECONDS, ramp(0.5 * MB), thresholds=wide).pattern == "step-then-plateau"
+    assert assess(SECONDS, ramp(0.55 * MB), thresholds=wide).pattern == "steady-growth"
+
+
+def test_a_warm_up_under_a_sawtooth_must_rise_more_than_half_its_swings():
+    def ramp(size):  # the sawtooth's swings are 57 MB
+        return [sawtooth(t) + size * min(t, 100.0) / 100 for t in SECONDS]
+
+    assert assess(SECONDS, ramp(100 * MB)).pattern == "step-then-plateau"
+    assert assess(SECONDS, ramp(40 * MB)).pattern != "step-then-plateau"
+
+
 # -- growth ---------------------------------------------------------------------------------------------------
+
+
+def test_the_time_to_full_counts_from_the_recent_peak():
+    values = [100 * MB + 1 * MB * t for t in SECONDS]
+    values[235] += 50 * MB  # a burst in the last floor, gone by the last sample
+    a = assess(SECONDS, values, total_bytes=1000 * MB)
+    assert a.verdict == "leak"
+    assert a.time_to_full_s == pytest.approx((1000 * MB - values[235]) / (1 * MB))
 
 
 def test_a_line_at_the_margin_of_the_alert_rate_is_a_leak_and_just_under_it_is_not():
@@ -106,6 +171,30 @@ def test_a_line_rising_by_the_flat_band_is_flat_and_a_hair_more_is_growth():
     falls = assess(SECONDS, [100 * MB - 1.001 * per_s * t for t in SECONDS])
     assert (falls.verdict, falls.pattern) == ("no-leak", "falling")
     assert falls.growth_bytes_per_s == pytest.approx(-1.001 * per_s)
+
+
+def test_a_rise_or_fall_of_exactly_the_flat_band_is_flat():
+    up = assess(SECONDS, [100 * MB + 1e5 * t for t in SECONDS], thresholds=LeakThresholds(flat_bytes=23e6))
+    assert (up.pattern, up.growth_bytes_per_s) == ("flat", 1e5)  # 23 MB through floors 230 s apart
+    down = assess(SECONDS, [100 * MB - 1e5 * t for t in SECONDS], thresholds=LeakThresholds(flat_bytes=23.1e6))
+    assert (down.pattern, down.growth_bytes_per_s) == ("flat", -1e5)  # 23.1 MB through floors 231 s apart
+
+
+def test_growth_at_exactly_the_alert_rate_is_a_leak():
+    minute = [float(i) for i in range(61)]
+    exact = LeakThresholds(fast_rate=1e6, fast_duration_s=60.0, rate_margin=1.0)  # 1 MB/s over 60 s
+    a = assess(minute, [100 * MB + 1e6 * t for t in minute], thresholds=exact)
+    assert (a.verdict, a.growth_bytes_per_s) == ("leak", 1e6)
+
+
+def test_the_least_confidence_is_enough():
+    values = [100 * MB + 2 * MB * t for t in SECONDS]
+    confidence = assess(SECONDS, values).confidence
+    assert assess(SECONDS, values, thresholds=LeakThresholds(min_confidence=confidence)).verdict == "leak"
+    above = LeakThresholds(min_confidence=min(1.0, confidence + 1e-6))
+    unsure = assess(SECONDS, values, thresholds=above)
+    assert unsure.verdict == "inconclusive"
+    assert unsure.reason.endswith(f"; not yet sure enough to call it a leak (confidence {confidence:.2f})")
 
 
 def test_a_floor_drifting_within_the_band_is_flat_but_half_as_sure_as_a_still_one():
@@ -150,6 +239,11 @@ def test_a_step_under_half_the_swings_of_a_sawtooth_is_not_a_step():
     assert (over.verdict, over.pattern) == ("no-leak", "step-then-plateau")
 
 
+def test_a_sawtooth_whose_floor_falls_by_less_than_half_its_swings_is_a_sawtooth():
+    assert judged(SECONDS, [sawtooth(t) - 20 * MB * t / 240 for t in SECONDS]) == ("no-leak", "sawtooth")
+    assert judged(SECONDS, [sawtooth(t) - 50 * MB * t / 240 for t in SECONDS]) == ("no-leak", "falling")
+
+
 def test_a_sawtooth_whose_floor_rises_is_growth_of_its_floor():
     a = assess(SECONDS, [sawtooth(t) + 0.1 * MB * t for t in SECONDS])
     assert (a.pattern, a.since) == ("steady-growth", 0.0)
@@ -166,7 +260,7 @@ def test_a_fill_seen_by_a_short_horizon_is_not_heard_when_a_longer_one_sees_the_
 def test_a_step_seconds_ago_in_a_flat_history_is_too_soon_to_call():
     minute = [float(i) for i in range(61)]
     a = assess(minute, stepped(56, 200 * MB, minute))  # the whole minute's floors do not see it yet
-    assert (a.verdict, a.pattern, a.since) == ("inconclusive", "step-then-plateau", 56.0)
+    assert (a.verdict, a.pattern, a.since, a.growth_bytes_per_s) == ("inconclusive", "step-then-plateau", 56.0, 0.0)
     assert "too soon to say" in a.reason
 
 
@@ -199,6 +293,14 @@ def test_allocated_growing_at_a_tenth_of_the_rate_is_not_flat():
     assert "allocated stayed nearly flat" in under.reason
 
 
+def test_allocated_drifting_within_the_flat_band_is_flat_however_slow_the_growth():
+    slow = [100 * MB + 0.3 * MB * t for t in SECONDS]  # growth, under the alert rate
+    drifting = [50 * MB + 10 * MB * t / 240 for t in SECONDS]  # flat, at 42 kB/s: more than a tenth of 0.3 MB/s
+    assert assess(SECONDS, drifting).pattern == "flat"
+    a = torch_judged(slow, drifting, [10 * MB + 2 * MB * t for t in SECONDS])
+    assert a.pattern == "cache-growth"
+
+
 def test_growth_with_allocated_and_reserved_flat_is_outside_the_allocator():
     a = torch_judged(RISING, LEVEL, LEVEL)
     assert (a.verdict, a.pattern) == ("leak", "steady-growth")
@@ -216,3 +318,65 @@ def test_allocated_leaking_is_the_leak_when_the_primary_is_not_and_missing_alloc
     assert torch_judged(RISING, RISING, None) == plain  # both leaking: the primary's
     assert torch_judged(RISING, MISSING, [10 * MB + 2 * MB * t for t in SECONDS]) == plain
     assert torch_judged(LEVEL, LEVEL, RISING) == assess(SECONDS, LEVEL)
+
+
+# -- each shape, whatever the clock ------------------------------------------------------------------------
+
+# name: (the series over 4 minutes, then what the detector says of it: verdict, pattern, since, growth, reason)
+SHAPES = {
+    "step": (lambda t: 100 * MB + (50 * MB if t >= 95 else 0.0),
+             "no-leak", "step-then-plateau", 95.0, 0.0, "a +47.7 MiB step at 95 s, flat since"),
+    "drop": (lambda t: 100 * MB - (50 * MB if t >= 95 else 0.0),
+             "no-leak", "falling", 0.0, 0.0, "floor fell 47.7 MiB over 4 min"),
+    "onset": (lambda t: 100 * MB + (1 * MB * (t - 125) if t >= 125 else 0.0),
+              "inconclusive", "steady-growth", 130.0, 1 * MB,
+              "floor rose 1.0 MB/s for 110 s, steadily; below the 1.4 MB/s that makes a leak over 110 s"),
+    "step, then growth": (lambda t: 100 * MB + (40 * MB + 1 * MB * (t - 125) if t >= 125 else 0.0),
+                          "inconclusive", "steady-growth", 125.0, 1 * MB,
+                          "after a +42.9 MiB step, floor rose 1.0 MB/s for 115 s, steadily; "
+                          "below the 1.3 MB/s that makes a leak over 115 s"),
+    "step, then a leak": (lambda t: 100 * MB + (50 * MB + 2 * MB * (t - 95) if t >= 95 else 0.0),
+                          "leak", "steady-growth", 95.0, 2 * MB,
+                          "after a +49.6 MiB step, floor rose 2.0 MB/s for 2 min, steadily"),
+    "step spread over seconds, then growth": (
+        lambda t: 100 * MB + (40 * MB * min(1.0, (t - 125) / 10) + 1 * MB * max(0.0, t - 135) if t >= 125 else 0.0),
+        "inconclusive", "steady-growth", 129.0, 1 * MB,
+        "after a +28.8 MiB step, floor rose 1.0 MB/s for 111 s, steadily; below the 1.3 MB/s that makes a leak over 111 s"),
+    "warm-up": (lambda t: 100 * MB + 1 * MB * min(t, 155.0),
+                "no-leak", "step-then-plateau", 0.0, 0.0, "rose 148 MiB in 3 min (warm-up), flat since"),
+    "leak": (lambda t: 100 * MB + 1 * MB * t, "leak", "steady-growth", 0.0, 1 * MB, "floor rose 1.0 MB/s for 4 min, steadily"),
+}
+
+
+@pytest.mark.parametrize("start", [0.0, 1.7e9], ids=["from-0", "wall-clock"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_shape_is_told_with_its_start_and_rate_on_any_clock(shape, start):
+    values, verdict, pattern, since, growth, reason = SHAPES[shape]
+    a = assess([start + t for t in SECONDS], [values(t) for t in SECONDS])
+    assert (a.verdict, a.pattern, a.since - start, a.reason) == (verdict, pattern, since, reason)
+    assert a.growth_bytes_per_s == pytest.approx(growth, abs=1.0)
+
+
+# -- sample noise ---------------------------------------------------------------------------------------------
+
+
+def jittered(values: list[float], by: float) -> list[float]:
+    """Every other sample `by` higher, every other `by` lower: noise of the samples, not of the floors."""
+    return [v + (by if i % 2 else -by) for i, v in enumerate(values)]
+
+
+def test_a_slope_must_stand_six_standard_errors_clear_of_the_sample_noise():
+    # +-25 MB from sample to sample: the slope through 24 floors is clear of it from 2.09 MB/s
+    unclear = assess(SECONDS, jittered([100 * MB + 2.0 * MB * t for t in SECONDS], 25 * MB))
+    assert (unclear.verdict, unclear.pattern) == ("inconclusive", "steady-growth")
+    assert unclear.reason.endswith("; not yet clear of the noise (samples scatter by 106 MiB)")
+    clear = assess(SECONDS, jittered([100 * MB + 2.2 * MB * t for t in SECONDS], 25 * MB))
+    assert (clear.verdict, clear.pattern) == ("leak", "steady-growth")
+
+
+def test_a_step_must_stand_six_standard_errors_clear_of_the_sample_noise():
+    # +-5 MB from sample to sample: a step after 10 of 24 floors is clear of it from 55.1 MB
+    within = assess(SECONDS, jittered(stepped(95, 52 * MB), 5 * MB))
+    assert within.pattern != "step-then-plateau"
+    clear = assess(SECONDS, jittered(stepped(95, 58 * MB), 5 * MB))
+    assert (clear.verdict, clear.pattern, clear.since) == ("no-leak", "step-then-plateau", 95.0)
