@@ -178,6 +178,8 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_ANALYSIS, "_analyse", "if jump > 0:", "Gt -> GtE"): "the same",
     (_ANALYSIS, "_analyse", "return settled(k, t_start, points[k][0], sums.mean(k, m) - ys[0], step=False)",
      "Sub -> Add"): "the fits' values are relative to the first floor: ys[0] is 0",
+    (_ANALYSIS, "_analyse", "if rise > tol and rate > 0:", "Gt -> GtE (#2)"):
+        "a rate of 0 is a rise of 0, never over the flat band (0 bytes or more)",
     (_ANALYSIS, "_with_torch", "return a.pattern == GROWING and (a.growth_bytes_per_s or 0.0) > 0", "Gt -> GtE"):
         "a judgement of growth has a positive rate (its rise cleared the flat band, 0 bytes or more): never 0",
     (_ANALYSIS, "_with_torch", "return a.pattern == GROWING and (a.growth_bytes_per_s or 0.0) > 0", "0.0 -> 1.0"):

@@ -72,8 +72,15 @@ def test_a_step_is_settled_once_flat_for_the_least_plateau():
 def test_one_floor_after_a_step_is_not_yet_a_plateau_however_long_it_lasts():
     two_minutes = [float(i) for i in range(121)]  # 15 floors of 8 s: the step at 110 s leaves one after it
     a = assess(two_minutes, stepped(110, 50 * MB, two_minutes))
-    assert (a.verdict, a.pattern, a.since) == ("inconclusive", "step-then-plateau", 110.0)
+    assert (a.verdict, a.pattern, a.since, a.growth_bytes_per_s) == ("inconclusive", "step-then-plateau", 110.0, 0.0)
     assert "flat for 10 s so far: too soon to say" in a.reason
+
+
+def test_a_step_s_growth_is_the_slope_of_what_followed_it():
+    values = [v + (0.2 * MB * (t - 220) if t >= 220 else 0.0) for t, v in zip(SECONDS, stepped(220, 50 * MB))]
+    a = assess(SECONDS, values)  # 4 MB more over the two floors after the step: within the band
+    assert (a.verdict, a.pattern, a.since) == ("no-leak", "step-then-plateau", 220.0)
+    assert a.growth_bytes_per_s == pytest.approx(0.2 * MB)
 
 
 def test_a_step_right_after_the_first_floor_is_a_step():
@@ -82,9 +89,10 @@ def test_a_step_right_after_the_first_floor_is_a_step():
 
 
 def test_a_step_spread_over_seconds_is_dated_when_it_crossed_its_middle():
-    values = [100 * MB + 50 * MB * min(1.0, max(0.0, (t - 95) / 10)) for t in SECONDS]  # 95 s to 105 s
+    # from 185 s to 195 s, in the last minute (read to the second: older samples are summed coarser)
+    values = [100 * MB + 50 * MB * min(1.0, max(0.0, (t - 185) / 10)) for t in SECONDS]
     a = assess(SECONDS, values)
-    assert (a.verdict, a.pattern, a.since) == ("no-leak", "step-then-plateau", 101.0)
+    assert (a.verdict, a.pattern, a.since) == ("no-leak", "step-then-plateau", 190.0)
 
 
 def test_a_plateau_drifting_within_the_band_is_half_as_sure_as_a_still_one():
@@ -106,6 +114,12 @@ def test_a_warm_up_is_settled_once_flat_for_a_third_of_the_horizon():
     assert (settled.verdict, settled.pattern, settled.since) == ("no-leak", "step-then-plateau", 0.0)
     assert "(warm-up), flat since" in settled.reason
     assert judged(SECONDS, ramp(170.0)) == ("inconclusive", "step-then-plateau")
+
+
+def test_a_warm_up_a_little_over_the_flat_band_is_a_warm_up():
+    a = assess(SECONDS, [100 * MB + 20 * MB * min(t, 100.0) / 100 for t in SECONDS])  # 18 MB through its floors
+    assert (a.verdict, a.pattern, a.since) == ("no-leak", "step-then-plateau", 0.0)
+    assert a.reason == "rose 19.1 MiB in 100 s (warm-up), flat since"
 
 
 def test_a_ramp_that_stopped_two_floors_ago_is_a_warm_up_too_soon_to_call():
@@ -139,6 +153,13 @@ def test_a_warm_up_under_a_sawtooth_must_rise_more_than_half_its_swings():
 
 
 # -- growth ---------------------------------------------------------------------------------------------------
+
+
+def test_a_rise_that_falls_back_a_little_every_other_floor_rose_mostly():
+    # 3 MB a floor, every other floor 15.5 MB higher: a fall of 12.5 MB after each (too small for a sawtooth)
+    a = assess(SECONDS, [100 * MB + (t // 10) * 3 * MB + (15.5 * MB if (t // 10) % 2 else 0.0) for t in SECONDS])
+    assert a.pattern == "steady-growth"
+    assert a.reason.startswith("floor rose 0.30 MB/s for 4 min, mostly;")
 
 
 def test_the_time_to_full_counts_from_the_recent_peak():
@@ -208,6 +229,8 @@ def test_a_still_series_is_flat():
     still = assess(SECONDS, [100 * MB] * len(SECONDS))
     assert (still.verdict, still.pattern, still.since, still.growth_bytes_per_s) == ("no-leak", "flat", 0.0, 0.0)
     assert still.confidence > 0.9
+    exact = assess(SECONDS, [100 * MB] * len(SECONDS), thresholds=LeakThresholds(flat_bytes=0.0))
+    assert exact.reason == "floor flat (within 0 B) for 4 min"  # no noise, no band: exactly flat
 
 
 @pytest.mark.parametrize("start", [0.0, -240.0], ids=["from-0", "ending-at-0"])
@@ -240,7 +263,7 @@ def test_a_step_under_half_the_swings_of_a_sawtooth_is_not_a_step():
 
 
 def test_a_sawtooth_whose_floor_falls_by_less_than_half_its_swings_is_a_sawtooth():
-    assert judged(SECONDS, [sawtooth(t) - 20 * MB * t / 240 for t in SECONDS]) == ("no-leak", "sawtooth")
+    assert judged(SECONDS, [sawtooth(t) - 25 * MB * t / 240 for t in SECONDS]) == ("no-leak", "sawtooth")
     assert judged(SECONDS, [sawtooth(t) - 50 * MB * t / 240 for t in SECONDS]) == ("no-leak", "falling")
 
 
