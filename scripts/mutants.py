@@ -17,6 +17,7 @@ Run on demand, not in CI (it runs the guarding tests once per mutant):
     python scripts/mutants.py --every 3       # one mutant in three (a quicker estimate)
     python scripts/mutants.py --jobs 2        # two mutants at a time (each in its own copy)
     python scripts/mutants.py --survivors OUT # only those an earlier run's output OUT lists as survived
+    python scripts/mutants.py leak --only _analysis.py   # only mutants whose line (as listed) has this text
 
 Some survivors are equivalent mutants (`<` made `<=` where the two never differ on any input):
 those are listed in EQUIVALENT, each with why, and left out of the count; write a test of the
@@ -68,7 +69,7 @@ TARGETS: dict[str, tuple[Target, ...]] = {
         Target("gpuscope/core/leak/_assessment.py", ("LeakThresholds.alert_rate",), LEAK_UNIT),
         Target("gpuscope/core/leak/_life.py", ("warming_up", "ended_run"), LEAK_UNIT),
         Target("gpuscope/core/leak/_analysis.py", ("_judge", "_analyse_flat", "_analyse", "_combine", "_with_torch"),
-               ("tests/unit/test_leak_judgements.py", "tests/unit/test_leak_flat.py", "tests/integration/test_leak.py")),
+               ("tests/unit/test_leak_analysis.py", "tests/unit/test_leak_flat.py", "tests/integration/test_leak.py")),
     ),
     "diagnosis": (
         Target("gpuscope/core/diagnosis/steps.py",
@@ -115,7 +116,7 @@ TARGETS: dict[str, tuple[Target, ...]] = {
 # named by its module, function, the text of its line and the change, and is left out of the count
 # (listed apart). Why each is equivalent:
 _HELD, _ASSESSMENT = "gpuscope/core/leak/_held.py", "gpuscope/core/leak/_assessment.py"
-_VERDICT = "gpuscope/core/gate/verdict.py"
+_VERDICT, _ANALYSIS = "gpuscope/core/gate/verdict.py", "gpuscope/core/leak/_analysis.py"
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_HELD, "held_trend", "if len(points) > TREND_POINTS:", "Gt -> GtE"):
         "at exactly TREND_POINTS points the thinning step is 1: the points are kept as they are",
@@ -145,6 +146,49 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the same: a median of 1 byte is far under MIN_SITE_EXCESS",
     (_VERDICT, "_sites_criterion", "else None) or (rss.reference_floor if rss is not None else None) or 0",
      "0 -> 1"): "an allowance of 0.03 byte rounds to 0, and a steady site keeps at least MIN_SITE_EXCESS",
+    (_ANALYSIS, "_judge", "if sketch.flat_since <= t0:", "LtE -> Lt"):
+        "a horizon all alike is passed over as a shortcut; judged, it is flat (no leak, no change, no swings), "
+        "which never changes what _combine chooses, and the whole series is always judged",
+    (_ANALYSIS, "_judge", "view = cache(-1 if whole else i, h, functools.partial(compute, h, whole))", "1 -> 2"):
+        "the whole series' key in the cache has only to differ from the horizons' indices (0 and up)",
+    **{(_ANALYSIS, "_analyse_flat", line, change): "the shortcut declines a horizon more: _analyse judges it and says "
+       "the same (test_leak_flat holds the two equal)"
+       for line, change in (("if n < th.min_samples or span < th.min_span_s - 1e-9:", "Lt -> LtE"),
+                            ("if n < th.min_samples or span < th.min_span_s - 1e-9:", "Lt -> LtE (#2)"),
+                            ("if n < th.min_samples or span < th.min_span_s - 1e-9:", "Sub -> Add"),
+                            ("if m < 4:", "Lt -> LtE"), ("if m < 4:", "4 -> 5"))},
+    (_ANALYSIS, "_analyse_flat", "if n < th.min_samples or span < th.min_span_s - 1e-9:", "1e-09 -> 2e-09"):
+        "the 1e-9 s is room for float error in a span: no series' span falls within it of ten seconds",
+    (_ANALYSIS, "_analyse", "if n < th.min_samples or span < th.min_span_s - 1e-9:", "1e-09 -> 2e-09"): "the same",
+    (_ANALYSIS, "_analyse", "if n < th.min_samples or span < th.min_span_s - 1e-9:", "Lt -> LtE (#2)"): "the same",
+    (_ANALYSIS, "_analyse_flat",
+     'a = LeakAssessment("no-leak", "flat", 0.0, min(max(_evidence(m, span, th), 0.0), 1.0), t_start, None, v, v, n,',
+     "1.0 -> 2.0"): "the evidence is under 1: the bound is never reached",
+    (_ANALYSIS, "_analyse",
+     "a = LeakAssessment(verdict, pattern, growth, min(max(confidence, 0.0), 1.0), since, None, first, last,",
+     "1.0 -> 2.0"): "every confidence is a product of factors in [0, 1]: the bound is never reached",
+    (_ANALYSIS, "_analyse", 'shapes = [("line", rss_line, 0)]', "0 -> 1"): "the line's break index is never read",
+    (_ANALYSIS, "_analyse", "return 0.0, 0.0", "0.0 -> 1.0 (#2)"):
+        "the rise over fewer than two floors is never read: a rise is read only where three floors or more are",
+    (_ANALYSIS, "_analyse", 'return view("leak", GROWING, b, confidence, since, text, duration, swinging, True)',
+     "True -> False"): "a leak's change flag is never read: _combine returns a leak before it reads any",
+    (_ANALYSIS, "_analyse",
+     "stepped = _step_time(buckets, points[k - 1][0], base + sums.mean(0, k) + jump / 2, jump > 0)", "Gt -> GtE"):
+        "the jump is never 0 here: one within the flat band (at least 0) was passed over",
+    (_ANALYSIS, "_analyse", "if jump > 0:", "Gt -> GtE"): "the same",
+    (_ANALYSIS, "_analyse", "return settled(k, t_start, points[k][0], sums.mean(k, m) - ys[0], step=False)",
+     "Sub -> Add"): "the fits' values are relative to the first floor: ys[0] is 0",
+    (_ANALYSIS, "_analyse", "if rise > tol and rate > 0:", "Gt -> GtE (#2)"):
+        "a rate of 0 is a rise of 0, never over the flat band (0 bytes or more)",
+    (_ANALYSIS, "_with_torch", "return a.pattern == GROWING and (a.growth_bytes_per_s or 0.0) > 0", "Gt -> GtE"):
+        "a judgement of growth has a positive rate (its rise cleared the flat band, 0 bytes or more): never 0",
+    (_ANALYSIS, "_with_torch", "return a.pattern == GROWING and (a.growth_bytes_per_s or 0.0) > 0", "0.0 -> 1.0"):
+        "the same: read only for a judgement of growth, whose rate is a positive number",
+    (_ANALYSIS, "_with_torch", "primary_rate = primary.growth_bytes_per_s or 0.0", "0.0 -> 1.0"):
+        "read only when the primary series grows, when its rate is a positive number",
+    (_ANALYSIS, "_with_torch",
+     "allocated_flat = not growing(allocated) or (allocated.growth_bytes_per_s or 0.0) < 0.1 * primary_rate",
+     "0.0 -> 1.0"): "read only when allocated grows, when its rate is a positive number",
     ("gpuscope/core/fleet/rules.py", "leak_rules",
      'out.append(f"      - record: {DCGM_RECORD}\\n        expr: {_block(expr, 10)}\\n")', "10 -> 11"):
         "a YAML block scalar indented one more space reads the same",
@@ -350,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=PER_MUTANT_TIMEOUT_S, help="seconds per mutant")
     parser.add_argument("--survivors", metavar="FILE",
                         help="run only the mutants a run's output FILE lists as survived (after adding tests)")
+    parser.add_argument("--only", metavar="TEXT", action="append", default=[],
+                        help="only the mutants whose description (as --list prints it: module:line (function) "
+                             "change: line) contains TEXT; given twice, either")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy (default 1)")
     args = parser.parse_args(argv)
     chosen = args.targets or list(TARGETS)
@@ -362,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         stale = set(EQUIVALENT) - {m.key for _, m in every}
         for key in sorted(stale):
             print(f"no mutant is {key} any more: drop it from EQUIVALENT")
-    picked = [(name, m) for name, m in every if m.key not in EQUIVALENT][::max(1, args.every)]
+    picked = [(name, m) for name, m in every if m.key not in EQUIVALENT
+              and (not args.only or any(text in m.describe() for text in args.only))][::max(1, args.every)]
     if args.survivors:
         survived = {_unnumbered(line.strip().removeprefix("survived: "))
                     for line in Path(args.survivors).read_text().splitlines() if line.strip().startswith("survived: ")}
