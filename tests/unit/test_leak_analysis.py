@@ -380,6 +380,18 @@ def test_each_shape_is_told_with_its_start_and_rate_on_any_clock(shape, start):
     assert a.growth_bytes_per_s == pytest.approx(growth, abs=1.0)
 
 
+@pytest.mark.parametrize("at", [200.0, 210.0, 225.0])
+def test_a_late_leak_is_dated_and_measured_alike_on_the_wall_clock(at):
+    """A short horizon covers its own length on any clock: room for float error relative to the
+    time (1e-9 of 1.7e9 s) once widened it by 1.7 s, and a leak that began late was dated a
+    second early and its rate read lower on the wall clock."""
+    values = [100 * MB + (8 * MB * (t - at) if t >= at else 0.0) for t in SECONDS]
+    judged = [assess([start + t for t in SECONDS], values) for start in (0.0, 1.7e9)]
+    (a, b) = judged
+    assert (a.verdict, a.pattern, a.since, a.growth_bytes_per_s) == \
+        (b.verdict, b.pattern, b.since - 1.7e9, b.growth_bytes_per_s)
+
+
 # -- sample noise ---------------------------------------------------------------------------------------------
 
 

@@ -58,7 +58,7 @@ def _judge(sketch: FloorSketch, th: LeakThresholds,
             buckets = list(sketch.buckets())
         else:
             t_end = sketch.last_time or 0.0  # horizons exist only for a sketch with samples
-            t0 = t_end - h - 1e-9 * max(1.0, abs(t_end))
+            t0 = t_end - h - 1e-6  # room for float error in times of up to ~8e9 s (wall clock), no more
             if sketch.flat_since <= t0:
                 # Every sample of this horizon alike: its view would be "flat" (or too little data),
                 # which never changes what `_combine` chooses (not a leak, no change, no swings).
