@@ -197,6 +197,24 @@ def test_chat_conversations_keep_their_context_turn_after_turn(serve):
     assert got.get('ramp_test_chat_context_total{kept="no"}', 0) == 0
 
 
+def test_the_time_limit_ends_the_ramp_and_the_text_says_what_was_measured(serve):
+    """--max-time inside the baseline: no knee, the time limit named, and the steps measured so
+    far in the text (the default output)."""
+    args, _ = pool(4, 200)
+    url = serve(SERVICE, *args)
+    started = time.monotonic()
+    done = ramp("--target", f"{url}/work", "--metrics-url", f"{url}/metrics", "--start-rps", "5", "--interval", "0.5",
+                "--max-time", "3")
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 30
+    lines = done.stdout.splitlines()
+    assert lines[0].endswith(": no knee found: the time limit was reached"), lines[0]
+    assert "the stop rule judged the service's P99 (the service histograms)" in done.stdout
+    header = next(k for k, line in enumerate(lines) if line.split()[:3] == ["step", "asked/s", "served/s"])
+    row = lines[header + 1].split()
+    assert row[:2] == ["1", "5"] and 0 < float(row[2]) <= 5.5  # served/s of the one step
+
+
 def test_ctrl_c_stops_the_load_at_once_and_still_writes_what_was_measured(serve, tmp_path):
     url = serve(SERVICE, "--workers", "4", "--service-ms", "20")
     md = tmp_path / "ramp.md"
