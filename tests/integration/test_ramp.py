@@ -143,6 +143,10 @@ def test_a_chat_service_that_keeps_memory_per_turn_names_it_and_its_code(tmp_pat
     top = memory["sites"][0]
     assert top["function"] == "remember_request" and top["file"].endswith("ramp_service.py")
     assert top["bytes_per_request"] == pytest.approx(512 * 1024, rel=0.15)
+    # its code path, as the diagnosis names it: the request handler that called it, innermost first
+    path = [(f["function"], f["file"].rsplit("/", 1)[-1]) for f in top["stack"]]
+    assert path[:2] == [("remember_request", "ramp_service.py"), ("_serve", "ramp_service.py")], path
+    assert ("do_POST", "ramp_service.py") in path
     assert all(s["turns"] == s["ok"] for s in result["steps"])  # every answer was a turn of a conversation
 
 

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 TREE_REFRESH_S = 1.0
 MAX_TREE = 64  # processes of the tree measured (a service with more workers is measured by its first 64)
 MAX_TRACKED = 8  # processes memray tracks at once
+MAX_STACK_FRAMES = 8  # of the code path kept with each allocation site
 TRACK_SHARE = 0.9  # of the round's expected busy part: tracking ends before its quiet end
 TRACK_GRACE_S = 1.0  # waited, at least, for memray's answer after the quiet part
 STOP_TIMEOUT_S = 10.0
@@ -385,10 +386,12 @@ class Tracking:
             answered += 1
             records = allocations.group_records(reply.get("records") or (), "size")
             for s in attribution.suspects_from_records(records, pyspy.own_roots(pid)):
-                site = Site(s.function, s.file, s.line, int(s.bytes or 0), int(s.count or 0))
+                stack = tuple((f.function, f.file, f.line) for f in s.stack[:MAX_STACK_FRAMES])
+                site = Site(s.function, s.file, s.line, int(s.bytes or 0), int(s.count or 0), stack)
                 kept = merged.get(site.key)
                 merged[site.key] = site if kept is None else Site(
-                    site.function, site.file, site.line, kept.bytes + site.bytes, kept.count + site.count)
+                    site.function, site.file, site.line, kept.bytes + site.bytes, kept.count + site.count,
+                    kept.stack or site.stack)
         if late and not answered:
             return None, "allocation tracking ran past the round's end (the round was shorter than the one before)"
         if not answered:

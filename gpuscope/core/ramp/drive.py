@@ -289,7 +289,7 @@ def drive(
         found, why = tracking.finish(2.0)
         tracked_served = _served_within(intervals, tracking.seconds)
         per = tracked_served or None
-        sites = tuple(Site(s.function, s.file, s.line, s.bytes, s.count, s.bytes / per if per else None)
+        sites = tuple(Site(s.function, s.file, s.line, s.bytes, s.count, s.bytes / per if per else None, s.stack)
                       for s in (found or ()))
         sites_note = why
     elif memory is not None and plan.memray:
