@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import SUPPORT, free_port, gpuscope_cmd, wait_until
+from helpers import SUPPORT, fake_nvml_env, free_port, gpuscope_cmd, wait_until
 
 SERVICE = str(SUPPORT / "ramp_service.py")
 FAST_RULE = ["--interval", "1", "--baseline-points", "8", "--step-seconds", "3", "--watch", "4"]
@@ -217,6 +217,31 @@ def test_the_time_limit_ends_the_ramp_and_the_text_says_what_was_measured(serve)
     header = next(k for k, line in enumerate(lines) if line.split()[:3] == ["step", "asked/s", "served/s"])
     row = lines[header + 1].split()
     assert row[:2] == ["1", "5"] and 0 < float(row[2]) <= 5.5  # served/s of the one step
+
+
+def test_gpu_memory_kept_per_request_is_the_service_processes_own_on_its_devices(tmp_path):
+    """--pid: the service's GPU memory through NVML (the fake driver, playing its RSS as its memory
+    on the device) at every interval, and what it keeps per request on the GPU: 256 KiB. A steady
+    load: NVML answers an interval after it is asked, so under a rising load the GPU's slope
+    over requests reads low by the lag."""
+    proc = subprocess.Popen([sys.executable, SERVICE, "--keep-kb", "256"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = proc.stdout.readline().split()[-1].rstrip("/")
+        scenario = tmp_path / "nvml.json"
+        scenario.write_text(json.dumps({"devices": [{"name": "NVIDIA H200", "compute": [{"pid": proc.pid, "used": "rss"}]}]}))
+        done = subprocess.run([*gpuscope_cmd(), "ramp", "--target", f"{url}/work", "--pid", str(proc.pid), "--no-memray",
+                               "--start-rps", "10", "--max-rps", "10", "--interval", "1", "--baseline-points", "8",
+                               "--step-seconds", "1", "--json"],
+                              capture_output=True, text=True, timeout=90, env=fake_nvml_env(scenario))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert all(i["gpu_bytes"] for i in result["intervals"][1:])  # the first: asked, not yet answered
+    assert result["memory"]["gpu_per_request_bytes"] == pytest.approx(256 * 1024, rel=0.1)
+    assert all(s["gpu_growth_bytes"] > 0 for s in result["steps"])
 
 
 def test_ctrl_c_stops_the_load_at_once_and_still_writes_what_was_measured(serve, tmp_path):

@@ -146,8 +146,10 @@ class _StepFigures:
         ordered = sorted(self.latencies)
         end_rss = next((i.rss_bytes for i in reversed(its) if i.rss_bytes is not None), None)
         end_gpu = next((i.gpu_bytes for i in reversed(its) if i.gpu_bytes is not None), None)
+        # NVML answers after it is asked: without a reading at the step's start, its first in the step
+        start_gpu = self.gpu if self.gpu is not None else next((i.gpu_bytes for i in its if i.gpu_bytes is not None), None)
         rss_growth = end_rss - self.rss if end_rss is not None and self.rss is not None else None
-        gpu_growth = end_gpu - self.gpu if end_gpu is not None and self.gpu is not None else None
+        gpu_growth = end_gpu - start_gpu if end_gpu is not None and start_gpu is not None else None
         per_request = rss_growth / ok if rss_growth is not None and ok else None
         turns = sum(i.turns for i in its)
         return Step(self.number, self.rate, duration, sum(i.sent for i in its), ok, sum(i.errors for i in its),
