@@ -102,6 +102,11 @@ def test_a_service_whose_latency_breaks_at_a_known_throughput(serve, tmp_path):
     assert done.returncode == 1 and "below --min-rps 25" in done.stderr, done.stderr
     result = json.loads(done.stdout)
     assert result["stopped_by"] == "p99" and result["p99_source"] == "service"
+    # the rule as given, the incident's defaults for what was not: 3.2 sd, drift 0.5, three breaks
+    assert result["settings"]["rule"] == {"interval_s": 1.0, "baseline_points": 8, "threshold": 3.2, "drift": 0.5,
+                                          "breaks": 3, "watch_s": 4.0, "min_spread": 0.05}
+    # at every step both P99s: the service's histograms and gpuscope's own measure
+    assert all(s["client_p99_s"] and s["service"]["e2e_latency_p99_s"] for s in result["steps"])
     knee = result["knee"]
     assert_knee_at(knee, capacity, 2)
     text = md.read_text()
