@@ -213,7 +213,8 @@ def drive(
     load.set_rate(current.rate)
     if isinstance(load, RequestLoad):
         load.start()
-    progress(f"step 1: {current.rate:g} requests/s (the baseline: {step_length} intervals of {rule.interval_s:g} s)")
+    progress(f"step 1: {current.rate:g} requests/s for {step_length} intervals of {rule.interval_s:g} s "
+             f"(the baseline: the first {rule.baseline_points})")
     interval_started = time.monotonic()
     try:
         while True:
