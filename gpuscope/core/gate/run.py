@@ -226,6 +226,7 @@ class TreeMemory:
         self._gpu_interval = gpu_interval_s
         self._gpu_asked = 0.0
         self._gpu_lock = threading.Lock()
+        self._gpu_answered = threading.Condition(self._gpu_lock)
         self._gpu_latest: tuple[float, dict[int, int]] | None = None
         self._gpu_taken: float | None = None
         self._devices: set[int] = set()
@@ -269,6 +270,23 @@ class TreeMemory:
             self._gpu_taken = latest[0]
             return latest[1]
 
+    def gpu_now(self, wait_s: float) -> dict[int, int] | None:
+        """A GPU reading asked for now, waited for up to `wait_s`; None when none came by then. For
+        figures paired with what happened up to now (requests served), which a reading asked an
+        interval before would lag."""
+        if self._poller is None:
+            return None
+        asked = self._gpu_asked = time.monotonic()
+        self._poller.request()
+        with self._gpu_answered:
+            while self._gpu_latest is None or self._gpu_latest[0] < asked:
+                left = asked + wait_s - time.monotonic()
+                if left <= 0:
+                    return None
+                self._gpu_answered.wait(left)
+            self._gpu_taken = self._gpu_latest[0]
+            return self._gpu_latest[1]
+
     def _on_gpu(self, reading: Reading) -> None:
         if reading.error is not None or reading.value is None:
             self.gpu_status = reading.error
@@ -282,9 +300,10 @@ class TreeMemory:
         for use in nvml.uses:
             if use.pid in tree and use.memory is not None:
                 used[use.device] = used.get(use.device, 0) + use.memory
-        with self._gpu_lock:
+        with self._gpu_answered:
             self._devices.update(used)
             self._gpu_latest = (time.monotonic(), {d: used.get(d, 0) for d in self._devices})
+            self._gpu_answered.notify_all()
 
 
 # -- one round's figures ------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ MIN_FINISHED = 10  # requests finished in a step before its error rate can end t
 MAX_STEP_LATENCIES = 200_000
 TICK_S = 0.1  # how often the limits are looked at inside an interval
 TRACK_SHARE = 0.9  # of the baseline tracked by memray: it answers before the first step up
+GPU_WAIT_S = 0.5  # for NVML's answer at an interval's end (a slower one leaves the interval without a GPU figure)
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,7 @@ def _wait_interval(until: float, max_time: float, load: RequestLoad | LoadComman
 def _memory(memory: TreeMemory | None) -> tuple[int | None, int | None]:
     if memory is None:
         return None, None
-    gpu = memory.gpu()
+    gpu = memory.gpu_now(GPU_WAIT_S)  # read now: paired with the requests served so far
     return memory.rss(), (sum(gpu.values()) if gpu else None)
 
 
