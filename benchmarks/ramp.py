@@ -8,7 +8,10 @@ with, the ramp's time, and memory per request beside what the service keeps.
    defaults (a P99 every 5 s, a 12-point baseline, 3.2 sd, drift 0.5, 3 breaks then a 30 s watch),
    from `--start-rps` by `--step-rps` every `--step-seconds`. Reported: the critical throughput
    and its uncertainty, its error against the capacity (target: within 5 %), and the ramp's time
-   from its first request to its stop (target: under 3 minutes).
+   from its first request to its stop (target: under 3 minutes). Beside them, the service's own
+   CPU a query and the machine's load average: the pool's capacity is the service's only while
+   it gets the CPU its queries need (at 20 queries/s, over 0.4 of a core); short of it, the
+   service's capacity is lower and the knee the ramp finds is that one.
 2. Memory per request: the demo service with its leak on (every unique query keeps a block of
    `--leak-kb` KiB in the retriever's cache), ramped from 4 to 12 queries/s with 1 s intervals,
    unique queries from a template; `--pid` gives the ramp the service's memory. Reported: the
@@ -23,9 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import urllib.request
+
+import psutil
 
 from _harness import gpuscope_cmd
 
@@ -52,18 +58,26 @@ def ramp(*args: str) -> dict:
 def knee(args: argparse.Namespace) -> dict:
     capacity = args.workers * 1000 / args.service_ms
     proc, url = start_demo("--no-leak", "--no-probe", "--workers", str(args.workers), "--service-ms", str(args.service_ms))
+    load_before = os.getloadavg()[0]
     try:
+        cpu_before = sum(psutil.Process(proc.pid).cpu_times()[:2])
         result = ramp("--target", f"{url}/query?q=gpu+memory+growth", "--metrics-url", f"{url}/metrics",
                       "--start-rps", str(args.start_rps), "--step-rps", str(args.step_rps),
                       "--step-seconds", str(args.step_seconds), "--max-rps", str(3 * capacity))
+        cpu = sum(psutil.Process(proc.pid).cpu_times()[:2]) - cpu_before
+        with _OPENER.open(f"{url}/admin/state", timeout=10) as answer:
+            served = json.load(answer)["requests_served"]
     finally:
         proc.terminate()
         proc.wait(10)
     found = result["knee"] or {}
     critical = found.get("critical_rps")
+    cpu_per_query = cpu / max(1, served)
     return {"capacity_rps": capacity, "critical_rps": critical, "uncertainty_rps": found.get("uncertainty_rps"),
             "error_pct": None if critical is None else 100 * (critical - capacity) / capacity,
-            "ramp_s": result["duration_s"], "stopped_by": result["stopped_by"], "steps": len(result["steps"])}
+            "ramp_s": result["duration_s"], "stopped_by": result["stopped_by"], "steps": len(result["steps"]),
+            "service_cpu_ms_per_query": 1000 * cpu_per_query, "cores_at_capacity": cpu_per_query * capacity,
+            "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)]}
 
 
 def memory(args: argparse.Namespace) -> dict:
@@ -104,6 +118,8 @@ def main() -> int:
     err = "" if k["error_pct"] is None else f" ({k['error_pct']:+.1f} % of the capacity; target within ±5 %)"
     print(f"knee: capacity {k['capacity_rps']:g}/s, critical throughput {crit}{err}")
     print(f"      ramp {k['ramp_s']:.0f} s over {k['steps']} steps, stopped by {k['stopped_by']} (target under 180 s)")
+    print(f"      the service's CPU: {k['service_cpu_ms_per_query']:.1f} ms a query, {k['cores_at_capacity']:.2f} of a core "
+          f"at its capacity; load average {k['load_average'][0]:g} before, {k['load_average'][1]:g} after")
     per = "N/A" if m["per_request_bytes"] is None else f"{m['per_request_bytes'] / 1024:.1f} KiB"
     err = "" if m["error_pct"] is None else f" ({m['error_pct']:+.1f} %; target within ±10 %)"
     print(f"memory: the service keeps {m['service_keeps_bytes'] / 1024:.1f} KiB a query; the ramp found {per} a request{err}")

@@ -7,7 +7,12 @@
 - `--error-above R`: answers 503 at once to what passes R requests/s (a token bucket): it
   errors instead of slowing down;
 - `--keep-kb K`: every request (every chat turn) keeps K KiB in `remember_request`, for ever;
-- `POST /v1/chat/completions`: an OpenAI-compatible answer that counts the turns it was sent.
+- `POST /v1/chat/completions`: an OpenAI-compatible answer that counts the turns it was sent
+  (`ramp_test_chat_turns_total{turn}`) and whether the conversation it was sent is the one it
+  answered (`ramp_test_chat_context_total{kept}`: every user message i says "turn i", every
+  answer i is its own "turn i answered");
+- any other POST: counts the bodies and their bytes, and how many were different
+  (`ramp_test_bodies_total`, `ramp_test_body_bytes_total`, `ramp_test_bodies_distinct`).
 
 It exposes its latency histogram on /metrics (the `rag` names gpuscope knows) and starts
 gpuscope's probe, as a service that opts in does.
@@ -32,6 +37,13 @@ LATENCY = Histogram("rag_request_latency_seconds", "latency", registry=REGISTRY,
 REQUESTS = Counter("rag_request_total", "requests", ["status"], registry=REGISTRY)
 TOKENS = Counter("rag_token_output_total", "tokens", registry=REGISTRY)
 IN_FLIGHT = Gauge("rag_requests_in_flight", "in flight", registry=REGISTRY)
+TURNS = Counter("ramp_test_chat_turns", "chat requests by their turn", ["turn"], registry=REGISTRY)
+CONTEXT = Counter("ramp_test_chat_context", "chat requests by whether their context was kept", ["kept"],
+                  registry=REGISTRY)
+BODIES = Counter("ramp_test_bodies", "bodies posted", registry=REGISTRY)
+BODY_BYTES = Counter("ramp_test_body_bytes", "bytes of the bodies posted", registry=REGISTRY)
+DISTINCT = Gauge("ramp_test_bodies_distinct", "different bodies posted", registry=REGISTRY)
+SEEN: set[bytes] = set()
 KEPT: list[bytearray] = []
 
 
@@ -127,9 +139,22 @@ def main() -> int:
             def chat() -> bytes:
                 messages = json.loads(data)["messages"]
                 turns = sum(1 for m in messages if m.get("role") == "user")
+                TURNS.labels(str(turns)).inc()
+                expected = [("user", f"turn {k // 2 + 1})") if k % 2 == 0 else ("assistant", f"turn {k // 2 + 1} answered")
+                            for k in range(len(messages))]
+                kept = len(messages) % 2 == 1 and all(
+                    m.get("role") == role and (m.get("content", "").endswith(text) if role == "user" else m.get("content") == text)
+                    for m, (role, text) in zip(messages, expected))
+                CONTEXT.labels("yes" if kept else "no").inc()
                 return json.dumps({"choices": [{"message": {"role": "assistant", "content": f"turn {turns} answered"}}],
                                    "usage": {"completion_tokens": 8}}).encode()
 
+            if not self.path.startswith("/v1/chat/completions"):
+                BODIES.inc()
+                BODY_BYTES.inc(len(data))
+                if len(SEEN) < 100_000:
+                    SEEN.add(data)
+                DISTINCT.set(len(SEEN))
             self._serve(chat if self.path.startswith("/v1/chat/completions") else (lambda: b'{"ok": true}'))
 
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)

@@ -100,3 +100,32 @@ def test_memory_per_request_is_the_slope_over_requests_served_not_over_time():
                        None, n, None, None, False)
               for k, n in enumerate([0, 10, 30, 35, 80, 81, 120])]
     assert memory_slope(points) == pytest.approx(500, rel=0.02)
+
+
+def test_the_text_names_a_keeping_site_with_the_code_path_that_called_it():
+    from gpuscope.core.ramp.report import memory_lines
+    from gpuscope.core.ramp.result import MemoryFinding, RampResult, Site
+
+    stack = (("remember_request", "/srv/app.py", 40), ("_serve", "/srv/app.py", 120), ("do_POST", "/srv/app.py", 150))
+    site = Site("remember_request", "/srv/app.py", 40, 5 << 20, 10, 512 * 1024, stack)
+    result = RampResult("http://x/", "http", {}, 0.0, 1.0, "client", (), (), "max-rate", "", None,
+                        MemoryFinding(sites=(site,)))
+    lines = memory_lines(result)
+    assert lines[0] == "  kept by remember_request (/srv/app.py:40): 512.0K/request, 5.0M in 10 allocations"
+    assert lines[1] == "    called from _serve (app.py:120) < do_POST (app.py:150)"
+    assert site.to_json()["stack"][1] == {"function": "_serve", "file": "/srv/app.py", "line": 120}
+
+
+def test_the_command_s_defaults_are_the_incident_s_rule():
+    """A P99 every 5 s, a 12-point (1-minute) baseline, 3.2 sd with a 0.5 drift, three breaks in a
+    row, a 30 s watch; 5 % error rate."""
+    import argparse
+
+    from gpuscope.commands import ramp
+
+    parser = argparse.ArgumentParser()
+    ramp.add_arguments(parser)
+    plan = ramp._plan(parser.parse_args(["--target", "http://127.0.0.1:1/"]), [])[0]
+    assert (plan.rule.interval_s, plan.rule.baseline_points, plan.rule.threshold, plan.rule.drift, plan.rule.breaks,
+            plan.rule.watch_s) == (5.0, 12, 3.2, 0.5, 3, 30.0)
+    assert plan.max_error_rate == 0.05

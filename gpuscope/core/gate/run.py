@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 TREE_REFRESH_S = 1.0
 MAX_TREE = 64  # processes of the tree measured (a service with more workers is measured by its first 64)
 MAX_TRACKED = 8  # processes memray tracks at once
+MAX_STACK_FRAMES = 8  # of the code path kept with each allocation site
 TRACK_SHARE = 0.9  # of the round's expected busy part: tracking ends before its quiet end
 TRACK_GRACE_S = 1.0  # waited, at least, for memray's answer after the quiet part
 STOP_TIMEOUT_S = 10.0
@@ -226,6 +227,7 @@ class TreeMemory:
         self._gpu_interval = gpu_interval_s
         self._gpu_asked = 0.0
         self._gpu_lock = threading.Lock()
+        self._gpu_answered = threading.Condition(self._gpu_lock)
         self._gpu_latest: tuple[float, dict[int, int]] | None = None
         self._gpu_taken: float | None = None
         self._devices: set[int] = set()
@@ -269,6 +271,23 @@ class TreeMemory:
             self._gpu_taken = latest[0]
             return latest[1]
 
+    def gpu_now(self, wait_s: float) -> dict[int, int] | None:
+        """A GPU reading asked for now, waited for up to `wait_s`; None when none came by then. For
+        figures paired with what happened up to now (requests served), which a reading asked an
+        interval before would lag."""
+        if self._poller is None:
+            return None
+        asked = self._gpu_asked = time.monotonic()
+        self._poller.request()
+        with self._gpu_answered:
+            while self._gpu_latest is None or self._gpu_latest[0] < asked:
+                left = asked + wait_s - time.monotonic()
+                if left <= 0:
+                    return None
+                self._gpu_answered.wait(left)
+            self._gpu_taken = self._gpu_latest[0]
+            return self._gpu_latest[1]
+
     def _on_gpu(self, reading: Reading) -> None:
         if reading.error is not None or reading.value is None:
             self.gpu_status = reading.error
@@ -282,9 +301,10 @@ class TreeMemory:
         for use in nvml.uses:
             if use.pid in tree and use.memory is not None:
                 used[use.device] = used.get(use.device, 0) + use.memory
-        with self._gpu_lock:
+        with self._gpu_answered:
             self._devices.update(used)
             self._gpu_latest = (time.monotonic(), {d: used.get(d, 0) for d in self._devices})
+            self._gpu_answered.notify_all()
 
 
 # -- one round's figures ------------------------------------------------------------------------------
@@ -386,10 +406,12 @@ class Tracking:
             answered += 1
             records = allocations.group_records(reply.get("records") or (), "size")
             for s in attribution.suspects_from_records(records, pyspy.own_roots(pid)):
-                site = Site(s.function, s.file, s.line, int(s.bytes or 0), int(s.count or 0))
+                stack = tuple((f.function, f.file, f.line) for f in s.stack[:MAX_STACK_FRAMES])
+                site = Site(s.function, s.file, s.line, int(s.bytes or 0), int(s.count or 0), stack)
                 kept = merged.get(site.key)
                 merged[site.key] = site if kept is None else Site(
-                    site.function, site.file, site.line, kept.bytes + site.bytes, kept.count + site.count)
+                    site.function, site.file, site.line, kept.bytes + site.bytes, kept.count + site.count,
+                    kept.stack or site.stack)
         if late and not answered:
             return None, "allocation tracking ran past the round's end (the round was shorter than the one before)"
         if not answered:

@@ -84,6 +84,8 @@ class Site:
     line: int
     bytes: int
     count: int = 0
+    # the code path to it (function, file, line), innermost first: the heaviest stack behind it
+    stack: tuple[tuple[str, str, int], ...] = field(default=(), compare=False)
 
     @property
     def key(self) -> tuple[str, str, int]:

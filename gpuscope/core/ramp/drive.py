@@ -78,6 +78,7 @@ MIN_FINISHED = 10  # requests finished in a step before its error rate can end t
 MAX_STEP_LATENCIES = 200_000
 TICK_S = 0.1  # how often the limits are looked at inside an interval
 TRACK_SHARE = 0.9  # of the baseline tracked by memray: it answers before the first step up
+GPU_WAIT_S = 0.5  # for NVML's answer at an interval's end (a slower one leaves the interval without a GPU figure)
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,10 @@ class _StepFigures:
         ordered = sorted(self.latencies)
         end_rss = next((i.rss_bytes for i in reversed(its) if i.rss_bytes is not None), None)
         end_gpu = next((i.gpu_bytes for i in reversed(its) if i.gpu_bytes is not None), None)
+        # NVML answers after it is asked: without a reading at the step's start, its first in the step
+        start_gpu = self.gpu if self.gpu is not None else next((i.gpu_bytes for i in its if i.gpu_bytes is not None), None)
         rss_growth = end_rss - self.rss if end_rss is not None and self.rss is not None else None
-        gpu_growth = end_gpu - self.gpu if end_gpu is not None and self.gpu is not None else None
+        gpu_growth = end_gpu - start_gpu if end_gpu is not None and start_gpu is not None else None
         per_request = rss_growth / ok if rss_growth is not None and ok else None
         turns = sum(i.turns for i in its)
         return Step(self.number, self.rate, duration, sum(i.sent for i in its), ok, sum(i.errors for i in its),
@@ -211,7 +214,8 @@ def drive(
     load.set_rate(current.rate)
     if isinstance(load, RequestLoad):
         load.start()
-    progress(f"step 1: {current.rate:g} requests/s (the baseline: {step_length} intervals of {rule.interval_s:g} s)")
+    progress(f"step 1: {current.rate:g} requests/s for {step_length} intervals of {rule.interval_s:g} s "
+             f"(the baseline: the first {rule.baseline_points})")
     interval_started = time.monotonic()
     try:
         while True:
@@ -289,7 +293,7 @@ def drive(
         found, why = tracking.finish(2.0)
         tracked_served = _served_within(intervals, tracking.seconds)
         per = tracked_served or None
-        sites = tuple(Site(s.function, s.file, s.line, s.bytes, s.count, s.bytes / per if per else None)
+        sites = tuple(Site(s.function, s.file, s.line, s.bytes, s.count, s.bytes / per if per else None, s.stack)
                       for s in (found or ()))
         sites_note = why
     elif memory is not None and plan.memray:
@@ -345,7 +349,7 @@ def _wait_interval(until: float, max_time: float, load: RequestLoad | LoadComman
 def _memory(memory: TreeMemory | None) -> tuple[int | None, int | None]:
     if memory is None:
         return None, None
-    gpu = memory.gpu()
+    gpu = memory.gpu_now(GPU_WAIT_S)  # read now: paired with the requests served so far
     return memory.rss(), (sum(gpu.values()) if gpu else None)
 
 

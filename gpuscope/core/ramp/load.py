@@ -48,6 +48,7 @@ MAX_BODY_BYTES = 8 << 20  # a --body file
 CHUNK = 1 << 16
 MAX_WORKERS = 1024
 STOP_TIMEOUT_S = 5.0
+LATE_S = 0.02  # a slot woken for later than this (and a period) is let go
 
 CHAT_PROMPTS = (
     "Summarise why GPU memory grows after a deploy.",
@@ -292,19 +293,27 @@ Requests = HttpRequests | ChatRequests
 class Pacer:
     """Send times at `rate` per second; a slot is taken only when a worker asks for one. Idle
     workers hold slots ahead of time; a new rate cancels them (they ask again), so that the old
-    rate's slots never add to the new one's."""
+    rate's slots never add to the new one's. The new rate's first slot is a new period after the
+    last slot used, not at once: a step up sends no two requests back to back (a burst that a
+    small pool queues, a P99 broken by the step change itself). A slot its worker wakes for
+    more than a period (and LATE_S) late is let go, as a slot is when no worker is free: a client
+    that could not run for a while (a starved machine) sends less, not a burst that queues the
+    service and breaks its P99 at a load it carries. What was sent is what is counted."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._period: float | None = None
         self._next = time.monotonic()
+        self._last_used: float | None = None
         self._generation = 0
         self._stopped = False
 
     def set_rate(self, rate: float) -> None:
         with self._changed:
             self._period = 1.0 / rate if rate > 0 else None
-            self._next = time.monotonic()
+            now = time.monotonic()
+            after_last = self._last_used + self._period if self._last_used is not None and self._period else now
+            self._next = max(now, after_last)
             self._generation += 1
             self._changed.notify_all()
 
@@ -328,7 +337,10 @@ class Pacer:
                     self._changed.wait(slot - time.monotonic())
                 if self._stopped:
                     return False
+                if generation == self._generation and time.monotonic() - slot > max(self._period, LATE_S):
+                    continue  # woken that late (a starved client): let the slot go rather than send a burst
                 if generation == self._generation:
+                    self._last_used = slot if self._last_used is None else max(self._last_used, slot)
                     return True
             return False
 

@@ -7,6 +7,7 @@ text (plotext, no colour), so the Markdown pastes into any ticket or CI job summ
 from __future__ import annotations
 
 import json
+import os
 import re
 import xml.etree.ElementTree as ET
 
@@ -61,6 +62,11 @@ def memory_lines(result: RampResult) -> list[str]:
         per = f"{format_bytes(s.bytes_per_request)}/request, " if s.bytes_per_request is not None else ""
         lines.append(f"  kept by {printable(s.function)} ({printable(s.file)}:{s.line}): {per}{format_bytes(s.bytes)} "
                      f"in {s.count} allocations")
+        owner = next((k for k, f in enumerate(s.stack) if f == (s.function, s.file, s.line)), -1)
+        callers = s.stack[owner + 1:]
+        if callers:
+            lines.append("    called from " + " < ".join(f"{printable(f)} ({printable(os.path.basename(file))}:{line})"
+                                                      for f, file, line in callers[:4]))
     if mem.note:
         lines.append(f"allocation sites: {mem.note}")
     return lines

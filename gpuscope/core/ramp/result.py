@@ -159,10 +159,12 @@ class Site:
     bytes: int
     count: int
     bytes_per_request: float | None
+    stack: tuple[tuple[str, str, int], ...] = ()  # the code path to it (function, file, line), innermost first
 
     def to_json(self) -> dict:
         return {"function": self.function, "file": self.file, "line": self.line, "bytes": self.bytes, "count": self.count,
-                "bytes_per_request": _round(self.bytes_per_request)}
+                "bytes_per_request": _round(self.bytes_per_request),
+                "stack": [{"function": f, "file": file, "line": line} for f, file, line in self.stack]}
 
 
 @dataclass(frozen=True)
