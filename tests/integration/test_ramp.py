@@ -13,6 +13,7 @@ larger than the pool.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -206,22 +207,71 @@ def test_chat_conversations_keep_their_context_turn_after_turn(serve):
     assert got.get('ramp_test_chat_context_total{kept="no"}', 0) == 0
 
 
-def test_the_time_limit_ends_the_ramp_and_the_text_says_what_was_measured(serve):
-    """--max-time inside the baseline: no knee, the time limit named, and the steps measured so
-    far in the text (the default output)."""
+def table(lines: list[str], first: str) -> list[dict[str, str]]:
+    """The rows of a text or Markdown table whose header begins with `first`, as {column: cell}
+    (text cells are two spaces apart at least, a latency such as "212 ms" has one)."""
+    def cells(line: str) -> list[str]:
+        if line.startswith("|"):
+            return [c.strip() for c in line.strip("|").split("|")]
+        return re.split(r"\s{2,}", line.strip())
+
+    header = next(k for k, line in enumerate(lines) if cells(line)[0] == first)
+    names = cells(lines[header])
+    rows = []
+    for line in lines[header + 1:]:
+        if not line.strip() or line.startswith("|---"):
+            if rows:
+                break
+            continue
+        rows.append(dict(zip(names, cells(line))))
+    return rows
+
+
+def ms(cell: str) -> float:
+    number, unit = cell.split()
+    return float(number) * (1000 if unit == "s" else 1)
+
+
+TEXT_COLUMNS = ("step", "asked/s", "served/s", "P95 cli", "P99 cli", "P95 svc", "P99 svc", "TTFT P95", "tok/s", "errors",
+                "queue", "mem/req", "GPU grown")
+MARKDOWN_COLUMNS = ("step", "asked/s", "served/s", "P95 client", "P99 client", "P95 service", "P99 service", "TTFT P95",
+                    "tokens/s", "errors", "queue", "memory/request", "GPU memory grown")
+
+
+def test_the_time_limit_ends_the_ramp_and_the_text_says_what_was_measured(tmp_path):
+    """--max-time inside the baseline: no knee, the time limit named, and the step measured so far
+    in the text (the default output) and the Markdown, with every figure of a step: both P95s and
+    P99s, the TTFT (a quarter of the 200 ms service time after a worker takes a query: under the
+    service's P95), tokens/s, errors, queue, memory per request, and GPU memory (the fake driver
+    playing the service's RSS as its memory on the device)."""
     args, _ = pool(4, 200)
-    url = serve(SERVICE, *args)
-    started = time.monotonic()
-    done = ramp("--target", f"{url}/work", "--metrics-url", f"{url}/metrics", "--start-rps", "5", "--interval", "0.5",
-                "--max-time", "3")
+    proc = subprocess.Popen([sys.executable, SERVICE, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = proc.stdout.readline().split()[-1].rstrip("/")
+        scenario = tmp_path / "nvml.json"
+        scenario.write_text(json.dumps({"devices": [{"name": "NVIDIA H200", "compute": [{"pid": proc.pid, "used": "rss"}]}]}))
+        md = tmp_path / "ramp.md"
+        started = time.monotonic()
+        done = subprocess.run([*gpuscope_cmd(), "ramp", "--target", f"{url}/work", "--metrics-url", f"{url}/metrics",
+                               "--pid", str(proc.pid), "--no-memray", "--start-rps", "5", "--interval", "0.5",
+                               "--max-time", "3", "--markdown", str(md)],
+                              capture_output=True, text=True, timeout=60, env=fake_nvml_env(scenario))
+    finally:
+        proc.terminate()
+        proc.wait(10)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30
     lines = done.stdout.splitlines()
     assert lines[0].endswith(": no knee found: the time limit was reached"), lines[0]
     assert "the stop rule judged the service's P99 (the service histograms)" in done.stdout
-    header = next(k for k, line in enumerate(lines) if line.split()[:3] == ["step", "asked/s", "served/s"])
-    row = lines[header + 1].split()
-    assert row[:2] == ["1", "5"] and 0 < float(row[2]) <= 5.5  # served/s of the one step
+    for rows, columns in ((table(lines, "step"), TEXT_COLUMNS), (table(md.read_text().splitlines(), "step"), MARKDOWN_COLUMNS)):
+        assert len(rows) == 1 and tuple(rows[0]) == columns, rows
+        row = list(rows[0].values())
+        assert row[:2] == ["1", "5"] and 0 < float(row[2]) <= 5.5  # served/s of the one step
+        latencies = [ms(c) for c in row[3:8]]  # P95 and P99, client and service; TTFT
+        assert all(v > 0 for v in latencies) and latencies[4] < latencies[2], row
+        assert float(row[8]) > 0 and row[9].endswith("%") and float(row[10]) >= 0  # tokens/s, errors, queue
+        assert all(re.fullmatch(r"[+-]\d+(\.\d)?[BKMGT]", c) for c in row[11:]), row  # memory per request, GPU
 
 
 def test_gpu_memory_kept_per_request_is_the_service_processes_own_on_its_devices(tmp_path):

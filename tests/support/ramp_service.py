@@ -7,6 +7,10 @@
 - `--error-above R`: answers 503 at once to what passes R requests/s (a token bucket): it
   errors instead of slowing down;
 - `--keep-kb K`: every request (every chat turn) keeps K KiB in `remember_request`, for ever;
+- `--vllm` (with `--workers`): vLLM's metric names instead of the `rag` ones, with the requests
+  waiting for a worker as its queue (`vllm:num_requests_waiting`) and a KV-cache that holds every
+  request from its arrival to its answer (`vllm:kv_cache_usage_perc`: the requests held over
+  `--kv-requests`, at most 1), so the cache fills as the queue grows past the capacity;
 - `POST /v1/chat/completions`: an OpenAI-compatible answer that counts the turns it was sent
   (`ramp_test_chat_turns_total{turn}`) and whether the conversation it was sent is the one it
   answered (`ramp_test_chat_context_total{kept}`: every user message i says "turn i", every
@@ -14,8 +18,9 @@
 - any other POST: counts the bodies and their bytes, and how many were different
   (`ramp_test_bodies_total`, `ramp_test_body_bytes_total`, `ramp_test_bodies_distinct`).
 
-It exposes its latency histogram on /metrics (the `rag` names gpuscope knows) and starts
-gpuscope's probe, as a service that opts in does.
+It exposes its latency and time-to-first-token histograms on /metrics (the `rag` names gpuscope
+knows; the first token comes a quarter of the service time after a worker takes the request) and
+starts gpuscope's probe, as a service that opts in does.
 """
 
 from __future__ import annotations
@@ -28,15 +33,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 from gpuscope import probe
 
 REGISTRY = CollectorRegistry()
-LATENCY = Histogram("rag_request_latency_seconds", "latency", registry=REGISTRY,
-                    buckets=(0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5))
-REQUESTS = Counter("rag_request_total", "requests", ["status"], registry=REGISTRY)
-TOKENS = Counter("rag_token_output_total", "tokens", registry=REGISTRY)
-IN_FLIGHT = Gauge("rag_requests_in_flight", "in flight", registry=REGISTRY)
+BUCKETS = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5)
+TOKENS_PER_ANSWER = 8
 TURNS = Counter("ramp_test_chat_turns", "chat requests by their turn", ["turn"], registry=REGISTRY)
 CONTEXT = Counter("ramp_test_chat_context", "chat requests by whether their context was kept", ["kept"],
                   registry=REGISTRY)
@@ -54,18 +57,71 @@ def remember_request(kib: int) -> None:
 
 class Pool:
     """N workers whose time is kept by the clock: a query gets the worker free soonest, from when
-    it is free, so a thread that wakes late (a busy machine) delays its own answer, never the pool."""
+    it is free, so a thread that wakes late (a busy machine) delays its own answer, never the pool.
+    The first token comes a quarter of the service time after the worker takes the query."""
 
     def __init__(self, workers: int, service_s: float) -> None:
         self.free_at, self.service_s = [0.0] * workers, service_s
         self.lock = threading.Lock()
+        self.held: dict[int, float] = {}  # the queries in the pool, by when a worker takes each
+        self.ids = 0
 
-    def serve(self) -> None:
+    def serve(self, first_token) -> None:
         with self.lock:
             worker = min(range(len(self.free_at)), key=self.free_at.__getitem__)
-            end = max(time.monotonic(), self.free_at[worker]) + self.service_s
-            self.free_at[worker] = end
-        time.sleep(max(0.0, end - time.monotonic()))
+            start = max(time.monotonic(), self.free_at[worker])
+            self.free_at[worker] = end = start + self.service_s
+            self.ids += 1
+            query = self.ids
+            self.held[query] = start
+        try:
+            time.sleep(max(0.0, start + self.service_s / 4 - time.monotonic()))
+            first_token()
+            time.sleep(max(0.0, end - time.monotonic()))
+        finally:
+            with self.lock:
+                del self.held[query]
+
+    def occupancy(self) -> tuple[int, int]:
+        """(queries waiting for a worker, queries held), read together."""
+        with self.lock:
+            now = time.monotonic()
+            return sum(1 for start in self.held.values() if start > now), len(self.held)
+
+
+class Served:
+    """The service's own metrics: the `rag` names gpuscope's demo uses, or vLLM's."""
+
+    def __init__(self, pool: Pool | None, vllm: bool, kv_requests: int) -> None:
+        if vllm:
+            self.latency = Histogram("vllm:e2e_request_latency_seconds", "latency", registry=REGISTRY, buckets=BUCKETS)
+            self.ttft = Histogram("vllm:time_to_first_token_seconds", "ttft", registry=REGISTRY, buckets=BUCKETS)
+            self.finished = Counter("vllm:request_success", "finished requests", ["finished_reason"], registry=REGISTRY)
+            self.tokens = Counter("vllm:generation_tokens", "tokens", registry=REGISTRY)
+            self.ok, self.error = self.finished.labels("stop"), self.finished.labels("abort")
+            self.in_flight = None
+            REGISTRY.register(_Occupancy(pool, kv_requests))
+        else:
+            self.latency = Histogram("rag_request_latency_seconds", "latency", registry=REGISTRY, buckets=BUCKETS)
+            self.ttft = Histogram("rag_time_to_first_token_seconds", "ttft", registry=REGISTRY, buckets=BUCKETS)
+            self.finished = Counter("rag_request_total", "requests", ["status"], registry=REGISTRY)
+            self.tokens = Counter("rag_token_output_total", "tokens", registry=REGISTRY)
+            self.ok, self.error = self.finished.labels("ok"), self.finished.labels("error")
+            self.in_flight = Gauge("rag_requests_in_flight", "in flight", registry=REGISTRY)
+
+
+class _Occupancy:
+    """vLLM's queue and KV-cache gauges, from one reading of the pool (so a scrape never shows more
+    waiting than held)."""
+
+    def __init__(self, pool: Pool, kv_requests: int) -> None:
+        self.pool, self.kv_requests = pool, kv_requests
+
+    def collect(self):
+        waiting, held = self.pool.occupancy()
+        yield GaugeMetricFamily("vllm:num_requests_waiting", "requests waiting", value=waiting)
+        yield GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage, 0-1",
+                                value=min(1.0, held / self.kv_requests))
 
 
 class Bucket:
@@ -91,9 +147,14 @@ def main() -> int:
     p.add_argument("--service-ms", type=float, default=50.0)
     p.add_argument("--error-above", type=float)
     p.add_argument("--keep-kb", type=int, default=0)
+    p.add_argument("--vllm", action="store_true")
+    p.add_argument("--kv-requests", type=int, default=16)
     args = p.parse_args()
+    if args.vllm and not args.workers:
+        p.error("--vllm needs --workers: its queue is the pool's")
     pool = Pool(args.workers, args.service_ms / 1000) if args.workers else None
     bucket = Bucket(args.error_above) if args.error_above else None
+    served = Served(pool, args.vllm, args.kv_requests)
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a) -> None:
@@ -109,21 +170,25 @@ def main() -> int:
         def _serve(self, answer) -> None:
             start = time.perf_counter()
             if bucket is not None and not bucket.take():
-                REQUESTS.labels("error").inc()
+                served.error.inc()
                 self._send(503, b'{"error": "over capacity"}')
                 return
-            IN_FLIGHT.inc()
+            if served.in_flight is not None:
+                served.in_flight.inc()
             try:
                 if pool is not None:
-                    pool.serve()
+                    pool.serve(lambda: served.ttft.observe(time.perf_counter() - start))
                 if args.keep_kb:
                     remember_request(args.keep_kb)
                 body = answer()
             finally:
-                IN_FLIGHT.dec()
-            LATENCY.observe(time.perf_counter() - start)
-            REQUESTS.labels("ok").inc()
-            TOKENS.inc(8)
+                if served.in_flight is not None:
+                    served.in_flight.dec()
+            if pool is None:
+                served.ttft.observe(time.perf_counter() - start)
+            served.latency.observe(time.perf_counter() - start)
+            served.ok.inc()
+            served.tokens.inc(TOKENS_PER_ANSWER)
             self._send(200, body)
 
         def do_GET(self) -> None:
@@ -147,7 +212,7 @@ def main() -> int:
                     for m, (role, text) in zip(messages, expected))
                 CONTEXT.labels("yes" if kept else "no").inc()
                 return json.dumps({"choices": [{"message": {"role": "assistant", "content": f"turn {turns} answered"}}],
-                                   "usage": {"completion_tokens": 8}}).encode()
+                                   "usage": {"completion_tokens": TOKENS_PER_ANSWER}}).encode()
 
             if not self.path.startswith("/v1/chat/completions"):
                 BODIES.inc()

@@ -2,6 +2,8 @@
 
 Every figure is the result's own (gpuscope.core.ramp.result): these only say it. The chart is
 text (plotext, no colour), so the Markdown pastes into any ticket or CI job summary as it is.
+The step table (text and Markdown alike) has a column only where some step has its figure: no
+TTFT column for a service that exports none; a step without a figure shows "-".
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import json
 import os
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from gpuscope.core.common.markdown import md_block, md_code, md_text
 from gpuscope.core.common.printable import printable
@@ -72,21 +76,67 @@ def memory_lines(result: RampResult) -> list[str]:
     return lines
 
 
-def _step_cells(s: Step) -> list[str]:
-    service = s.service
-    return [str(s.number), f"{s.rate:g}", f"{s.throughput_rps:.2f}", format_latency(s.client_p99_s, na="N/A"),
-            format_latency(service.e2e_latency_p99_s, na="N/A") if service else "N/A",
-            f"{s.error_rate:.1%}" if s.error_rate is not None else "N/A",
-            f"{service.queue_depth:.0f}" if service and service.queue_depth is not None else "N/A",
-            format_bytes(s.memory_per_request_bytes, sign=True) if s.memory_per_request_bytes is not None else "N/A"]
+@dataclass(frozen=True)
+class _Column:
+    """A column of the step table: its header as text and in Markdown, its width in the text, and
+    the step's figure as shown (None: the step has none, shown as "-")."""
+
+    text: str
+    markdown: str
+    width: int
+    cell: Callable[[Step], str | None]
+    always: bool = False  # shown even when no step has a figure
 
 
-def _step_row(s: Step) -> str:
-    widths = (4, 8, 8, 9, 9, 7, 6, 9)
-    return " ".join(f"{c:>{w}}" for c, w in zip(_step_cells(s), widths)) + ("  break" if s.broke else "")
+def _signal(name: str, say: Callable[[float], str]) -> Callable[[Step], str | None]:
+    def cell(s: Step) -> str | None:
+        value = s.service.get(name) if s.service is not None else None
+        return None if value is None else say(value)
+    return cell
 
 
-STEP_HEADER = f"{'step':>4} {'asked/s':>8} {'served/s':>8} {'P99 cli':>9} {'P99 svc':>9} {'errors':>7} {'queue':>6} {'mem/req':>9}"
+def _figure(value: Callable[[Step], float | None], say: Callable[[float], str]) -> Callable[[Step], str | None]:
+    def cell(s: Step) -> str | None:
+        v = value(s)
+        return None if v is None else say(v)
+    return cell
+
+
+def _signed_bytes(v: float) -> str:
+    return format_bytes(v, sign=True)
+
+
+STEP_COLUMNS = (
+    _Column("step", "step", 4, lambda s: str(s.number), always=True),
+    _Column("asked/s", "asked/s", 7, lambda s: f"{s.rate:g}", always=True),
+    _Column("served/s", "served/s", 8, lambda s: f"{s.throughput_rps:.2f}", always=True),
+    _Column("P95 cli", "P95 client", 7, _figure(lambda s: s.client_p95_s, format_latency)),
+    _Column("P99 cli", "P99 client", 7, _figure(lambda s: s.client_p99_s, format_latency)),
+    _Column("P95 svc", "P95 service", 7, _signal("e2e_latency_p95_s", format_latency)),
+    _Column("P99 svc", "P99 service", 7, _signal("e2e_latency_p99_s", format_latency)),
+    _Column("TTFT P95", "TTFT P95", 8, _signal("ttft_p95_s", format_latency)),
+    _Column("tok/s", "tokens/s", 7, _figure(lambda s: s.generated_tokens_per_s, lambda v: f"{v:.1f}")),
+    _Column("errors", "errors", 6, _figure(lambda s: s.error_rate, lambda v: f"{v:.1%}"), always=True),
+    _Column("queue", "queue", 5, _signal("queue_depth", lambda v: f"{v:.0f}")),
+    _Column("mem/req", "memory/request", 7, _figure(lambda s: s.memory_per_request_bytes, _signed_bytes)),
+    _Column("GPU grown", "GPU memory grown", 9, _figure(lambda s: s.gpu_growth_bytes, _signed_bytes)),
+)
+
+
+def step_columns(steps: Sequence[Step]) -> tuple[_Column, ...]:
+    """The columns some step has a figure in (a column no step has says nothing)."""
+    return tuple(c for c in STEP_COLUMNS if c.always or any(c.cell(s) is not None for s in steps))
+
+
+def _step_row(s: Step, columns: Sequence[_Column]) -> str:
+    cells = (f"{c.cell(s) or '-':>{c.width}}" for c in columns)
+    return "  ".join(cells) + ("  break" if s.broke else "")
+
+
+def step_table(steps: Sequence[Step]) -> list[str]:
+    """The steps as text: a header, then a line per step."""
+    columns = step_columns(steps)
+    return ["  ".join(f"{c.text:>{c.width}}" for c in columns), *(_step_row(s, columns) for s in steps)]
 
 
 def to_text(result: RampResult) -> str:
@@ -97,7 +147,7 @@ def to_text(result: RampResult) -> str:
     if result.knee is not None and result.knee.moved:
         lines.append("at the knee: " + "; ".join(_moved(m) for m in result.knee.moved))
     lines += memory_lines(result)
-    lines += ["", STEP_HEADER, *(_step_row(s) for s in result.steps)]
+    lines += ["", *step_table(result.steps)]
     lines += [f"note: {printable(n)}" for n in result.notes]
     return "\n".join(line for i, line in enumerate(lines) if line or i > 2) + "\n"
 
@@ -138,11 +188,11 @@ def to_markdown(result: RampResult) -> str:
     text = chart(result)
     if text:
         lines += ["## P99 and throughput", "", *md_block(text.rstrip("\n").split("\n")), ""]
-    lines += ["## Steps", "", "| step | asked/s | served/s | P99 client | P99 service | errors | queue | memory/request |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    columns = step_columns(result.steps)
+    lines += ["## Steps", "", "| " + " | ".join(c.markdown for c in columns) + " |", "|" + "---:|" * len(columns)]
     for s in result.steps:
         broke = " (break)" if s.broke else ""
-        lines.append("| " + " | ".join(md_text(c) for c in _step_cells(s)) + broke + " |")
+        lines.append("| " + " | ".join(md_text(c.cell(s) or "-") for c in columns) + broke + " |")
     if result.notes:
         lines += ["", *(f"- {md_text(n)}" for n in result.notes)]
     return "\n".join(lines) + "\n"
@@ -156,7 +206,7 @@ def to_junit(result: RampResult) -> str:
                           time=f"{s.duration_s:.3f}")
         if result.knee is not None and s.number == result.knee.step:
             ET.SubElement(case, "failure", message=_xml(result.stop_reason), type=result.stopped_by)
-        ET.SubElement(case, "system-out").text = _xml(_step_row(s))
+        ET.SubElement(case, "system-out").text = _xml("\n".join(step_table([s])))
         cases.append(case)
     knee = ET.Element("testcase", classname="gpuscope.ramp", name="knee", time=f"{result.duration_s:.3f}")
     if result.knee is None:

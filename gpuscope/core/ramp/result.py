@@ -109,6 +109,13 @@ class Step:
         done = self.ok + self.errors
         return self.errors / done if done else (self.service.error_rate if self.service else None)
 
+    @property
+    def generated_tokens_per_s(self) -> float | None:
+        """Tokens generated a second: the service's own count where it has one, else the chat usage
+        gpuscope read in its answers."""
+        own = self.service.tokens_per_s if self.service is not None else None
+        return own if own is not None else self.tokens_per_s
+
     def to_json(self) -> dict:
         return {"number": self.number, "rate": self.rate, "duration_s": round(self.duration_s, 3), "sent": self.sent,
                 "ok": self.ok, "errors": self.errors, "throughput_rps": round(self.throughput_rps, 4),
@@ -266,8 +273,7 @@ def what_moved(before: Step | None, at: Step) -> tuple[Moved, ...]:
         Moved("TTFT P95", service(before, "ttft_p95_s"), service(at, "ttft_p95_s"), "s"),
         Moved("queue", service(before, "queue_depth"), service(at, "queue_depth"), "requests"),
         Moved("KV-cache", service(before, "kv_cache_usage"), service(at, "kv_cache_usage"), "fraction"),
-        Moved("tokens/s", service(before, "tokens_per_s") or (before.tokens_per_s if before else None),
-              service(at, "tokens_per_s") or at.tokens_per_s, "tokens/s"),
+        Moved("tokens/s", before.generated_tokens_per_s if before else None, at.generated_tokens_per_s, "tokens/s"),
         Moved("error rate", before.error_rate if before else None, at.error_rate, "fraction"),
         Moved("memory per request", before.memory_per_request_bytes if before else None, at.memory_per_request_bytes,
               "bytes"),
