@@ -118,6 +118,38 @@ def test_a_service_whose_latency_breaks_at_a_known_throughput(serve, tmp_path):
     assert failed == [f"step {knee['step']} at {knee['rate']:g} requests/s"]
 
 
+KV_REQUESTS = 40  # the requests the vLLM-named test service's KV-cache holds
+
+
+@pytest.mark.parametrize("output", ["json", "text"])
+def test_a_kv_cache_that_fills_with_the_queue_is_named_at_the_knee(serve, tmp_path, output):
+    """A service with vLLM's names whose KV-cache holds every request from its arrival to its answer
+    (4 workers of 200 ms: 20 requests/s). Past the capacity the queue grows and the cache fills with
+    it: the knee names the KV-cache among what moved, fuller than the step before, and at least as
+    full as the queue alone makes it (both gauges from one scrape)."""
+    args, capacity = pool(4, 200)
+    url = serve(SERVICE, *args, "--vllm", "--kv-requests", str(KV_REQUESTS))
+    done = ramp("--target", f"{url}/work", "--metrics-url", f"{url}/metrics", "--start-rps", "12", "--step-rps", "5",
+                "--max-rps", "40", *FAST_RULE, *(["--json"] if output == "json" else []))
+    assert done.returncode == 0, done.stderr
+    if output == "json":
+        result = json.loads(done.stdout)
+        assert result["stopped_by"] == "p99" and result["p99_source"] == "service"
+        assert_knee_at(result["knee"], capacity, 5)
+        moved = {m["name"]: m for m in result["knee"]["moved"]}
+        kv, queue = moved["KV-cache"], moved["queue"]
+        assert kv["unit"] == "fraction" and all(s["service"]["kv_cache_usage"] is not None for s in result["steps"])
+    else:
+        line = next(line for line in done.stdout.splitlines() if line.startswith("at the knee: "))
+        found = re.search(r"queue (\d+\.\d) -> (\d+\.\d); KV-cache (\d+\.\d)% -> (\d+\.\d)%", line)
+        assert found, line
+        queue = {"before": float(found[1]), "at": float(found[2])}
+        kv = {"before": float(found[3]) / 100, "at": float(found[4]) / 100}
+    assert queue["at"] > queue["before"]
+    assert 0 <= kv["before"] < kv["at"] <= 1, kv
+    assert kv["at"] >= min(1.0, queue["at"] / KV_REQUESTS) - 0.001, (kv, queue)  # text rounds to 0.1 %
+
+
 def test_a_service_that_errors_instead_of_slowing_down_stops_at_the_error_limit(serve):
     url = serve(SERVICE, "--error-above", "12")
     done = ramp("--target", f"{url}/work", "--metrics-url", f"{url}/metrics", "--start-rps", "6", "--step-rps", "2",
