@@ -1,6 +1,6 @@
 """A small real HTTP service with a known limit, for the load ramp's tests and benchmark.
 
-    python ramp_service.py --port P [--workers N --service-ms MS] [--error-above R] [--keep-kb K]
+    python ramp_service.py --port P [--workers N --service-ms MS] [--error-above R] [--keep-kb K] [--vllm [--kv-requests N]]
 
 - `--workers N --service-ms MS`: a pool of N workers, each holding a request MS ms: latency
   breaks at N * 1000 / MS requests/s (queries wait for a worker beyond it);
