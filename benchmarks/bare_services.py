@@ -47,7 +47,7 @@ from _harness import print_table, run_script  # noqa: E402
 from test_diagnose_bare import SERVICES  # noqa: E402
 
 from gpuscope.core.target import privilege  # noqa: E402
-from gpuscope.core.target.interpreter import Interpreter, injection_problem  # noqa: E402
+from gpuscope.core.target.interpreter import Interpreter, injection_debugger  # noqa: E402
 
 GPUSCOPE = [sys.executable, "-m", "gpuscope"]
 DEFAULT = ["lru-cache", "slow-leak", "neighbour", "neighbour-and-leak", "faiss", "faiss-fixed"]
@@ -191,7 +191,7 @@ def main() -> int:
         folder.mkdir()
         problem = None
         if sys.version_info < (3, 14):
-            problem = injection_problem(Interpreter(str(python), dict(os.environ), privilege.owner_of(os.getpid())))
+            problem = injection_debugger(Interpreter(str(python), dict(os.environ), privilege.owner_of(os.getpid())))[1]
         with_probe = problem is not None
         how = ("the probe brought in by gpuscope diagnose" if not with_probe
                else f"started with the probe (gpuscope run): this machine refuses to bring it in ({problem})")

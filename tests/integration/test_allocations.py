@@ -17,7 +17,7 @@ import pytest
 
 from gpuscope.core.diagnosis import _memray_attach, _probe_trackers
 from gpuscope.core.diagnosis import ladder as allocations
-from gpuscope.core.target.interpreter import injection_problem, target_interpreter
+from gpuscope.core.target.interpreter import injection_debugger, target_interpreter
 
 from gpuscope.core.diagnosis import attribution
 
@@ -133,9 +133,9 @@ def slow_leaker(spawn_python):
 
 def test_memray_attaches_names_the_leak_and_leaves_the_target_running(spawn_python):
     child = slow_leaker(spawn_python)
-    problem = injection_problem(target_interpreter(child.pid))
-    if problem:  # the refusal is tested below on any machine; attaching needs one where gdb is safe
-        pytest.skip(f"gdb cannot inject safely on this machine: {problem}")
+    debugger, problem = injection_debugger(target_interpreter(child.pid))
+    if debugger is None:  # the refusal is tested below on any machine; attaching needs a debugger that is safe
+        pytest.skip(f"no debugger can inject safely on this machine: {problem}")
     result = allocations.attribute(child.pid, 3.0)
     memray_rung = next(r for r in result.rungs if r.method == "memray")
     assert memray_rung.status == "used" and result.method == "memray" and result.suspects[0].function == "leak"

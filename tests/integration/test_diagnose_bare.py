@@ -23,7 +23,7 @@ import textwrap
 import pytest
 
 from gpuscope.core.target import privilege, probe_client
-from gpuscope.core.target.interpreter import Interpreter, injection_problem, python_version, target_interpreter
+from gpuscope.core.target.interpreter import Interpreter, injection_debugger, python_version, target_interpreter
 
 from helpers import gpuscope_cmd, python_without, run_together
 
@@ -150,7 +150,7 @@ def injectable(bare) -> str | None:
     version = python_version(target_interpreter(os.getpid()))
     if version is not None and version >= (3, 14):
         return None
-    return injection_problem(Interpreter(str(bare), dict(os.environ), privilege.owner_of(os.getpid())))
+    return injection_debugger(Interpreter(str(bare), dict(os.environ), privilege.owner_of(os.getpid())))[1]
 
 
 def start(folder, python, names, injectable: str | None = None) -> dict:

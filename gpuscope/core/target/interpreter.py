@@ -207,11 +207,6 @@ def injection_debugger(interpreter: Interpreter) -> tuple[str | None, str | None
         return None, why
 
 
-def injection_problem(interpreter: Interpreter) -> str | None:
-    """Why no debugger may call into a process of this interpreter here (None: one may)."""
-    return injection_debugger(interpreter)[1]
-
-
 _CANARY = (
     "import sys, time\n"
     "print('ready', flush=True)\n"
@@ -221,7 +216,7 @@ _CANARY = (
 )
 
 
-def debugger_call(name: str, path: str, pid: int, expression: str) -> list[str]:
+def _debugger_call(name: str, path: str, pid: int, expression: str) -> list[str]:
     """The command that attaches `name` (gdb or lldb) to `pid`, evaluates one C `expression` in it
     and detaches."""
     if name == "gdb":
@@ -239,7 +234,7 @@ def _canary(name: str, path: str, interpreter: Interpreter) -> str | None:
     try:
         if privilege.read_until(canary.stdout, time.monotonic() + 20, line=True).strip() != "ready":
             return f"a test process of {shown} did not start"
-        out = privilege.run_as(None, debugger_call(name, path, canary.pid, "(int) getpid()"), timeout=30)
+        out = privilege.run_as(None, _debugger_call(name, path, canary.pid, "(int) getpid()"), timeout=30)
         wake(canary.pid)  # lldb may leave the process it detached from stopped
         time.sleep(0.3)  # long enough for a damaged sleep() to fail in the canary
         if canary.poll() is not None:
@@ -250,6 +245,7 @@ def _canary(name: str, path: str, interpreter: Interpreter) -> str | None:
             return f"{name} did not finish calling into a test process within 30 s"
         said = out.stdout + out.stderr
         failure = re.search(r"^(Couldn't .*|Cannot .*|.*[Ee]rror.*)$", said, re.MULTILINE)
+        # lldb without its Python module says so at every start (a ModuleNotFoundError): no failure of the call.
         if failure and "warning" not in failure.group(0).lower() and "embedded_interpreter" not in failure.group(0):
             return f"{name} cannot call into processes on this machine ({printable_line(failure.group(1).strip())})"
         if not re.search(rf"= {canary.pid}\s*$", said, re.MULTILINE):
