@@ -121,7 +121,7 @@ def test_names_planted_for_other_users_processes_crowd_out_no_probe(other_user):
         others = [p for p in sorted(psutil.pids()) if p != service.pid][: MAX_PROBES + 8]
         made = other_user.popen([SYSTEM_PYTHON, "-c", textwrap.dedent(f"""
             import os
-            os.mkdir({str(planted)!r}, 0o700)
+            os.makedirs({str(planted)!r}, 0o700, exist_ok=True)  # a probe of this user's may have made it
             for i in range(3000):
                 open(os.path.join({str(planted)!r}, "junk-%d" % i), "w").close()
         """)])
