@@ -106,13 +106,14 @@ continue
 
 # No breakpoint here: memray found lldb on Linux stopping at breakpoints already deleted. The
 # pending call is PyRun_SimpleString itself (an int(const char *) called as int(void *)); its text
-# goes into a page mapped for it, which no call of the target's frees. mmap and strcpy take no lock
-# the stopped thread could hold (malloc would).
+# goes into a page mapped for it, which no call of the target's frees (nothing is written or queued
+# where the map failed). mmap and strcpy take no lock the stopped thread could hold (malloc would).
 _LLDB_SCRIPT = '''\
 expr void *$gpuscope_text = ((void *(*)(void *, unsigned long, int, int, int, long))mmap)(0, 4096, 3, 0x22, -1, 0)
-expr (void)((char *(*)(char *, const char *))strcpy)((char *)$gpuscope_text, "exec(compile(open({script!r}).read(), {script!r}, 'exec'), {{'__name__': '__gpuscope_bootstrap__'}})")
+expr int $gpuscope_mapped = $gpuscope_text != (void *)-1
+expr (void)($gpuscope_mapped ? ((char *(*)(char *, const char *))strcpy)((char *)$gpuscope_text, "exec(compile(open({script!r}).read(), {script!r}, 'exec'), {{'__name__': '__gpuscope_bootstrap__'}})") : (char *)0)
 expr void *$gpuscope_run = (void *)(int (*)(const char *))PyRun_SimpleString
-expr int $gpuscope_queued = ((int (*)(void *, void *))Py_AddPendingCall)($gpuscope_run, $gpuscope_text)
+expr int $gpuscope_queued = $gpuscope_mapped ? ((int (*)(void *, void *))Py_AddPendingCall)($gpuscope_run, $gpuscope_text) : -1
 p $gpuscope_queued == 0 ? "GPUSCOPE: RAN" : "GPUSCOPE: REFUSED"
 '''
 
@@ -342,6 +343,9 @@ def _debugger(pid: int, interpreter: target.Interpreter, folder: privilege.Share
     target.wake(pid)
     if "GPUSCOPE: RAN" in output:
         return name
+    if "GPUSCOPE: REFUSED" in output:
+        raise _refuse(f"process {pid} did not take the script (no page could be mapped in it, or its queue of "
+                      "pending calls is full): nothing was queued")
     lower = output.lower()
     if "ptrace" in lower or "operation not permitted" in lower:
         if not psutil.pid_exists(pid):
