@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,13 @@ from pathlib import Path
 import pytest
 
 from helpers import FAKE_NVML_DIR, Tmux
+
+# A suite started where SIGINT is ignored (a background job of a shell without job control) hands
+# that on to every process it starts, and a gpuscope started so rightly keeps running on Ctrl+C:
+# the tests that send SIGINT to what they start need it delivered. A handler here (in the main
+# process and in each worker) is reset to the default in their children at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # The suite runs in several workers (pytest-xdist, `--dist loadgroup`): most tests wait on real

@@ -138,7 +138,8 @@ def test_memray_attaches_names_the_leak_and_leaves_the_target_running(spawn_pyth
         pytest.skip(f"no debugger can inject safely on this machine: {problem}")
     result = allocations.attribute(child.pid, 3.0)
     memray_rung = next(r for r in result.rungs if r.method == "memray")
-    assert memray_rung.status == "used" and result.method == "memray" and result.suspects[0].function == "leak"
+    assert memray_rung.status == "used" and result.method == "memray" and result.suspects[0].function == "leak", \
+        result.rungs
     assert child.poll() is None and psutil.Process(child.pid).status() != psutil.STATUS_STOPPED
 
 
