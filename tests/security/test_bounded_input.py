@@ -323,7 +323,7 @@ def test_a_chat_answer_nested_deep_is_one_failed_request_in_the_rampers_thread()
 def test_the_json_depth_check_is_linear_in_an_unterminated_string_of_escaped_quotes():
     """A 200 KB body froze the console: the string pattern retried from every escaped quote."""
     run = measured("""
-        from gpuscope.core.serving.prometheus import nests_deeper
+        from gpuscope.core.common.json_depth import nests_deeper
         body = b'"' + b'\\\\"' * (8 << 19)  # 8 MiB, Prometheus answers' cap
         def work():
             return nests_deeper(body, 16)

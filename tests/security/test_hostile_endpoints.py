@@ -31,7 +31,8 @@ import pytest
 
 from gpuscope.core.serving import fetch
 from gpuscope.core.serving.profiles import BUILTIN_PROFILES
-from gpuscope.core.serving.prometheus import MAX_JSON_DEPTH, MAX_REPLY_BYTES, PrometheusCollector, nests_deeper
+from gpuscope.core.common.json_depth import nests_deeper
+from gpuscope.core.serving.prometheus import MAX_JSON_DEPTH, MAX_REPLY_BYTES, PrometheusCollector
 from gpuscope.core.serving.scrape import MAX_BYTES, ScrapeCollector
 from gpuscope.core.serving.source import ServingSource
 from helpers import gpuscope_cmd, require_tool, wait_until

@@ -33,7 +33,11 @@ def nests_deeper(text: bytes, depth: int) -> bool:
     """Whether JSON `text` nests arrays and objects more than `depth` deep, found without parsing
     it: with the strings gone and only the brackets left, each of `depth` passes removes the
     innermost pairs, `[]`, one level."""
-    shape = _without_strings(text).translate(_ONE_KIND, _NOT_BRACKETS)
+    return _deeper(_without_strings(text), depth)
+
+
+def _deeper(bare: bytes, depth: int) -> bool:
+    shape = bare.translate(_ONE_KIND, _NOT_BRACKETS)
     for _ in range(depth):
         if not shape:
             return False
@@ -54,5 +58,19 @@ def values_in(text: bytes) -> int:
     """At most how many values JSON `text` holds, counted without parsing it: with the strings gone,
     the whole, then an element for each array or object (its first) and for each comma and colon
     (a key and its value are two)."""
-    shape = _without_strings(text)
-    return 1 + shape.count(b"[") + shape.count(b"{") + shape.count(b",") + shape.count(b":")
+    return _values(_without_strings(text))
+
+
+def _values(bare: bytes) -> int:
+    return 1 + bare.count(b"[") + bare.count(b"{") + bare.count(b",") + bare.count(b":")
+
+
+def too_large(text: bytes, depth: int) -> str | None:
+    """Why JSON `text` from elsewhere must not be parsed ("nested more than `depth` deep", "of more
+    than MAX_VALUES values"), or None: both checks over one pass that takes the strings out."""
+    bare = _without_strings(text)
+    if _deeper(bare, depth):
+        return f"nested more than {depth} deep"
+    if _values(bare) > MAX_VALUES:
+        return f"of more than {MAX_VALUES:,} values"
+    return None

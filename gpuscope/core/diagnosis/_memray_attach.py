@@ -15,7 +15,7 @@ from gpuscope.core.target import privilege
 
 
 from gpuscope.core.target import pyspy
-from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
+from gpuscope.core.common.json_depth import too_large
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.diagnosis.attribution import suspects_from_records
 from gpuscope.core.target.stacks import Suspect
@@ -168,8 +168,8 @@ def _records_read(text: str, roots: Sequence[str]) -> tuple[tuple[Suspect, ...],
     the capture's owner, who may have made it say anything."""
     try:
         raw = text.encode("utf-8", "replace")
-        if nests_deeper(raw, READER_OUTPUT_DEPTH) or values_in(raw) > MAX_VALUES:
-            raise ValueError("nested too deep, or too many values")
+        if (problem := too_large(raw, READER_OUTPUT_DEPTH)) is not None:
+            raise ValueError(problem)
         said = json.loads(text)
         if not said["complete"]:
             return None

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from gpuscope.core.leak.growth import theil_sen
 from gpuscope.core.leak import LeakAssessment
 from gpuscope.core.common.atomic import RefusedPath, read_regular
-from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
+from gpuscope.core.common.json_depth import MAX_VALUES, too_large
 from gpuscope.core.common.units import format_size, whole_number
 from gpuscope.errors import UsageError
 
@@ -251,7 +251,7 @@ def load_baseline(path: str) -> Baseline:
         raise BaselineError(f"baseline {path} is a folder, not a file") from None
     except OSError as exc:
         raise BaselineError(f"cannot read baseline {path}: {exc.strerror or exc}") from None
-    if nests_deeper(raw, MAX_BASELINE_DEPTH) or values_in(raw) > MAX_VALUES:
+    if too_large(raw, MAX_BASELINE_DEPTH) is not None:
         raise BaselineError(
             f"baseline {path} is not valid JSON (corrupt or truncated), or is nested deeper than {MAX_BASELINE_DEPTH} "
             f"or holds more than {MAX_VALUES:,} values, as no baseline gpuscope writes does: write it again with "

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from gpuscope.errors import UsageError
-from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
+from gpuscope.core.common.json_depth import too_large
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.common.redact import redact_command, redact_text
 
@@ -266,8 +266,8 @@ class ChatRequests:
         assert conversation is not None
         try:
             # json's parser recurses once a level, and an empty object costs 72 bytes for 3
-            if nests_deeper(body, MAX_ANSWER_DEPTH) or values_in(body) > MAX_VALUES:
-                raise ValueError("nested too deep, or too many values")
+            if (problem := too_large(body, MAX_ANSWER_DEPTH)) is not None:
+                raise ValueError(problem)
             answer = json.loads(body)
             message = answer["choices"][0]["message"]
             content = message.get("content") if isinstance(message, dict) else None

@@ -57,7 +57,7 @@ from gpuscope.core.serving.profiles import (
     plan,
     resolve,
 )
-from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
+from gpuscope.core.common.json_depth import too_large
 from gpuscope.core.common.printable import printable_line
 from gpuscope.core.serving.promql import Matcher
 from gpuscope.core.common.redact import redact_text
@@ -463,10 +463,8 @@ class _BoundedTransport(BaseAdapter):
                 if not (may_retry and answer.status in RETRY_STATUSES):
                     break
             time.sleep(backoff)
-        if answer.ok and nests_deeper(answer.body, MAX_JSON_DEPTH):
-            raise ValueError(f"JSON nested more than {MAX_JSON_DEPTH} deep")  # never handed to json
-        if answer.ok and values_in(answer.body) > MAX_VALUES:
-            raise ValueError(f"JSON of more than {MAX_VALUES:,} values")  # nor this
+        if answer.ok and (problem := too_large(answer.body, MAX_JSON_DEPTH)) is not None:
+            raise ValueError(f"JSON {problem}")  # never handed to json
         response = requests.Response()
         response.status_code = answer.status
         response.reason = answer.reason

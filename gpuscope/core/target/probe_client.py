@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 
 from gpuscope import probe as _probe
-from gpuscope.core.common.json_depth import MAX_VALUES, nests_deeper, values_in
+from gpuscope.core.common.json_depth import too_large
 from gpuscope.core.common.printable import printable_line
 from gpuscope.errors import GpuscopeError
 
@@ -410,10 +410,8 @@ class ProbeClient:
                 raise ProbeError(f"{who} sent a reply over {MAX_REPLY} bytes to {op}")
         raw = bytes(self._buffer[:end])
         del self._buffer[: end + 1]
-        if nests_deeper(raw, MAX_REPLY_DEPTH):
-            raise ProbeError(f"{who} sent a reply to {op} nested more than {MAX_REPLY_DEPTH} deep")
-        if values_in(raw) > MAX_VALUES:
-            raise ProbeError(f"{who} sent a reply to {op} of more than {MAX_VALUES:,} values")
+        if (problem := too_large(raw, MAX_REPLY_DEPTH)) is not None:
+            raise ProbeError(f"{who} sent a reply to {op} {problem}")
         try:
             reply = json.loads(raw)
         except (ValueError, RecursionError):
