@@ -264,13 +264,14 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
         # growth, and the stretches' levels are their medians, which swings do not move.
         known = [b for b in each if b is not None]
         slope = 0.0 if not known or (len(known) == 2 and known[0] * known[1] <= 0) else min(known, key=abs)
-        # Where both stretches' floors rise steadily, each is read at its edge on its own trend: read
-        # on the gentler slope, a steeper stretch's median would stand for its middle, and the later
-        # stretch would be joined below where the earlier one ended (a fall that never happened,
-        # read as a sawtooth).
+        # Where both stretches rise steadily under their spikes, each is read at its edge on its own
+        # trend: read on the gentler slope, a steeper stretch's median would stand for its middle,
+        # and the later stretch would be joined below where the earlier one ended (a fall that never
+        # happened, read as a sawtooth). Steadiness is judged on every sample, short spikes taken
+        # out, not on a stretch's two or three floors, which a sawtooth raises by chance.
         own = [slope, slope]
         if before is not None and after is not None and slope > 0 \
-                and min(kendall_tau(seg) if len(seg) >= 2 else 0.0 for seg in floors) >= GROWTH_STEADY_TAU:
+                and min(kendall_tau(_under_spikes(seg)) for seg in (pre, post)) >= GROWTH_STEADY_TAU:
             own = [before, after]
     edge = [statistics.median(v - own[i] * t for t, v in floors[i]) + own[i] * at
             for i, at in ((0, pre[-1][0]), (1, post[0][0]))]
@@ -283,6 +284,12 @@ def uninstrumented(series: Series, windows: Sequence[tuple[float, float]]) -> tu
     times = [t for t, _ in pre] + [t - hole for t, _ in post]
     values = [v for _, v in pre] + [v - joined for _, v in post]
     return Series(tuple(times), tuple(values)), note
+
+
+def _under_spikes(samples: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Each sample as the lowest of it and its two neighbours: a spike one or two samples long (a
+    buffer copied as it grows) is gone, a sawtooth's ramps (many samples long) are not."""
+    return [(t, min(v for _, v in samples[max(0, i - 1):i + 2])) for i, (t, _) in enumerate(samples)]
 
 
 def _floors_of(samples: list[tuple[float, float]], width_s: float = 4.0) -> list[tuple[float, float]]:
