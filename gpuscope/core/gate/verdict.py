@@ -490,13 +490,10 @@ def _judge_batch(run: CheckRun, baseline: Baseline | None, tolerance: float, tol
     same_end = baseline is None or baseline.settings.get("retained_from_last") == run.settings.get("retained_from_last")
     for series in run.series():
         criteria.append(_batch_criterion(series, "peak", "peak", run, baseline, tolerance, tolerance_pct, compare))
-        retained = _batch_criterion(series, "retained", "held at its end", run, baseline, tolerance, tolerance_pct,
-                                    compare)
-        if not same_end and retained.passed is not None:
-            retained = Criterion(retained.name, None, retained.message.split(";")[0] + ": the baseline did not "
-                                 "record what its runs held at their end: write it again with --update-baseline",
-                                 retained.figures)
-        criteria.append(retained)
+        criteria.append(_batch_criterion(
+            series, "retained", "held at its end", run, baseline, tolerance, tolerance_pct, compare,
+            unjudged=None if same_end else ("the baseline did not record what its runs held at their end: "
+                                            "write it again with --update-baseline")))
     passed = all(c.passed is not False for c in criteria)
     return Verdict(passed, tuple(criteria), {}, {}, {}, (), {r.number: r.note or "failed" for r in run.rounds
                                                            if not r.completed})
@@ -510,7 +507,8 @@ def _batch_figure(rounds: Sequence[Round], series: str, kind: str) -> float | No
 
 
 def _batch_criterion(series: str, kind: str, what: str, run: CheckRun, baseline: Baseline | None, tolerance: float,
-                     tolerance_pct: float, compare: bool) -> Criterion:
+                     tolerance_pct: float, compare: bool, unjudged: str | None = None) -> Criterion:
+    """`unjudged`: why the baseline's figure is not comparable (said in place of a judgement)."""
     name = f"{series}-{kind}"
     mine = _batch_figure(run.rounds, series, kind)
     theirs = _batch_figure(baseline.rounds, series, kind) if baseline is not None else None
@@ -522,6 +520,8 @@ def _batch_criterion(series: str, kind: str, what: str, run: CheckRun, baseline:
         return Criterion(name, None, f"{said}: recorded for the baseline, not judged", figures)
     if theirs is None:
         return Criterion(name, None, f"{said}: no baseline to compare with", figures)
+    if unjudged is not None:
+        return Criterion(name, None, f"{said}: {unjudged}", figures)
     limit = theirs * (1 + tolerance)
     figures["limit_bytes"] = _round(limit)
     return Criterion(name, mine <= limit, f"{said}; baseline {format_size(theirs)}, allowed {format_size(limit)} "
