@@ -80,15 +80,20 @@ class SeenProcess:
     private: int | None = None
 
 
-class _Passed(NamedTuple):
-    """What a pass over /proc kept of one process for the next pass."""
+class _Passed:
+    """What a pass over /proc kept of one process for the next pass (updated in place while its
+    line stays the same: most processes, idle, cost one comparison a pass)."""
 
-    line: bytes  # its /proc/PID/stat line
-    row: SeenProcess
-    exe_key: tuple[int, float, bytes]  # PID, start time and name: the executable is read again when one changes
-    used: int  # CPU ticks (utime + stime)
-    when: float  # monotonic time of the pass
-    passes: int  # passes since its owner was read
+    __slots__ = ("line", "row", "exe_key", "used", "when", "passes")
+
+    def __init__(self, line: bytes, row: SeenProcess, exe_key: tuple[int, float, bytes], used: int,
+                 when: float) -> None:
+        self.line = line  # its /proc/PID/stat line
+        self.row = row
+        self.exe_key = exe_key  # PID, start time and name: the executable is read again when one changes
+        self.used = used  # CPU ticks (utime + stime)
+        self.when = when  # monotonic time of the pass
+        self.passes = 0  # passes since its owner was read
 
 
 class _Identity(NamedTuple):
@@ -213,8 +218,10 @@ class HostCollector:
                     row = before.row
                     cpu = 0.0 if now > before.when else None  # no tick used since the last pass
                     if row.cpu != cpu:
-                        row = replace(row, cpu=cpu)
-                    this_pass[pid] = before._replace(row=row, when=now, passes=before.passes + 1)
+                        row = before.row = replace(row, cpu=cpu)
+                    before.when = now
+                    before.passes += 1
+                    this_pass[pid] = before
                     seen.append(row)
                     continue
                 close = data.rfind(b")")
@@ -259,7 +266,7 @@ class HostCollector:
                     status=_STATUSES.get(fields[0]),
                     private=private,
                 )
-                this_pass[pid] = _Passed(data, row, key, used, now, 0)
+                this_pass[pid] = _Passed(data, row, key, used, now)
                 seen.append(row)
         finally:
             for fd in self._stat_files.values():  # processes gone since the last pass
