@@ -4,11 +4,12 @@ What it measures, and how:
 
 gpuscope runs in a private 120x40 tmux window at `--refresh 0.5` (twice the default rate, so a
 leak per tick shows twice as fast), on the fake NVML's big node (8 GPUs x 25 processes: the
-leaking child and 199 idle `sleep` processes, as in side_by_side.py), attached to the leaking
-child. Its RSS (psutil, the gpuscope process itself) is printed at each of `--at` minutes
-(default 1, 5 and 10), with the growth since the first reading and the load average.
+leaking child and 199 idle `sleep` processes, as in side_by_side.py; `--node churn`: one GPU, 300
+idle processes and ten new ones a second, every one watched), attached to the leaking child. Its
+RSS (psutil, the gpuscope process itself) is printed at each of `--at` minutes (default 1, 5 and
+10), with the growth since the first reading and the load average.
 
-Run:  .venv/bin/python benchmarks/rss_over_time.py [--at 1,5,10] [--refresh 0.5] [--node small|big]
+Run:  .venv/bin/python benchmarks/rss_over_time.py [--at 1,5,10] [--refresh 0.5] [--node small|big|churn]
 Everything started is killed on exit, error or Ctrl-C.
 """
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--at", default="1,5,10", help="minutes at which to read the RSS (default 1,5,10)")
     ap.add_argument("--refresh", type=float, default=0.5, help="the console's refresh in seconds (default 0.5)")
-    ap.add_argument("--node", choices=("small", "big"), default="big")
+    ap.add_argument("--node", choices=("small", "big", "churn"), default="big")
     args = ap.parse_args(argv)
     marks = sorted(float(m) for m in args.at.split(","))
     install_signal_handlers()
