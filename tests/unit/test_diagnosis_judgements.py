@@ -430,3 +430,21 @@ def test_a_leak_from_a_young_process_s_first_seconds_is_said_to_be_maybe_its_war
     d = diagnose(ev)
     assert d.verdict == "leak" and "warming up" in d.steps[5].finding
     assert "warming up" not in diagnose(replace(ev, started_at=1_000_000.0 - 3600.0)).steps[5].finding
+
+
+def test_the_probes_own_allocations_are_never_a_suspect_wherever_gpuscope_runs_from():
+    """memray attached from outside sees what gpuscope's probe threads allocate too (its listener,
+    its replies). Run from a source tree, the probe's file is outside site-packages and read as
+    the service's own code: it was named first, ahead of the leaking function."""
+    from gpuscope.core.diagnosis.attribution import suspects_from_records
+
+    threading = ("_bootstrap_inner", "/usr/lib/python3.11/threading.py", 1045)
+    records = [
+        ((("_accept_loop", "/home/dev/gpuscope/gpuscope/probe.py", 414), threading), 1216, 3),
+        ((("answer", "/home/dev/gpuscope/gpuscope/probe.py", 472), ("_serve", "/home/dev/gpuscope/gpuscope/probe.py",
+                                                                    446), threading), 1_000_000, 1),
+        ((("search", "/srv/app/service.py", 10), ("<module>", "/srv/app/service.py", 14)), 644, 1),
+    ]
+    suspects = suspects_from_records(records, roots=("/srv/app",))
+    assert [(s.function, s.file) for s in suspects] == [("search", "/srv/app/service.py")]
+    assert suspects[0].share == 1.0

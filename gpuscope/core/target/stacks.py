@@ -24,6 +24,10 @@ KIND_LEGEND = "● your code   · standard library   ○ installed package   ◆
 
 _SITE = re.compile(r"[/\\](?:site|dist)-packages[/\\]")
 _STDLIB = re.compile(r"[/\\]lib[/\\](?:python|pypy)\d[\d.]*t?[/\\]")
+# gpuscope's probe inside a service is an installed package there, wherever gpuscope was installed
+# from (a source tree is outside site-packages): its threads' allocations and stacks are the
+# instrument's, never the service's code.
+_PROBE = re.compile(r"[/\\]gpuscope[/\\]probe\.py$")
 _COMPREHENSION = re.compile(r"<(?:listcomp|dictcomp|setcomp|genexpr|lambda)>$")
 
 
@@ -135,6 +139,8 @@ def classify(filename: str, *, native_module: str | None = None, own_roots: Sequ
     """
     if native_module or filename.endswith((".so", ".c", ".cpp", ".h")) or filename.startswith("<native"):
         return NATIVE
+    if _PROBE.search(filename):
+        return LIBRARY
     if any(root in filename for root in own_roots if root):
         return OWN
     if filename.startswith("<frozen "):
