@@ -512,11 +512,20 @@ def _refuse(conn):
     conn.close()
 
 
+def readable(fd, seconds):
+    """Whether `fd` (a descriptor, or anything with fileno()) has something to read, a hang-up or
+    an error within `seconds`. poll, not select: select cannot watch a descriptor numbered 1024 or
+    more, which a process with many open files or connections has (it raised, and was taken for
+    a hang-up)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, seconds) * 1000.0))
+
+
 def _hung_up(conn):
     """Has the client closed its end? (Data waiting is not a hang-up.)"""
     try:
-        readable, _, _ = select.select([conn], [], [], 0)
-        if not readable:
+        if not readable(conn, 0):
             return False
         return conn.recv(1, socket.MSG_PEEK) == b""
     except (OSError, ValueError):

@@ -228,6 +228,49 @@ def test_hello_and_the_torch_requests_without_torch(spawn_python):
     assert probe_client.torch_memory(child.pid) is None
 
 
+def _descriptors_past(number: int) -> list[int]:
+    """Files held open until the next descriptor is numbered `number` or more (a process with
+    many connections or open files: a console keeping every process's stat file open, a
+    server with a thousand clients)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < number + 64:
+        if hard != resource.RLIM_INFINITY and hard < number + 64:
+            pytest.skip(f"this machine allows {hard} open files: none is numbered {number} or more")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (number + 64, hard))
+    held = []
+    while not held or held[-1] < number:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+    return held
+
+
+HIGH_DESCRIPTORS = """
+import resource
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+"""
+
+
+def test_a_client_and_a_probe_with_descriptors_past_1024_talk_and_a_capture_runs_its_time(spawn_python):
+    """select() cannot watch a descriptor numbered 1024 or more. A client with that many files
+    open (the console and diagnose keep every process's stat file open: a node of a thousand
+    processes) read every reply as "closed the connection before answering"; a probe in such a
+    service took every client for one that had hung up, and stopped each capture at once."""
+    child = probed(spawn_python, LEAKING, HIGH_DESCRIPTORS)
+    held = _descriptors_past(1024)
+    try:
+        with connect(child.pid) as client:
+            assert client._sock.fileno() >= 1024
+            assert client.hello()["pid"] == child.pid
+            reply = client.tracemalloc_track(2.0, interval=0.5)
+        assert not reply["stopped_early"] and reply["seconds"] >= 1.9, reply
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def test_garbage_gets_an_error_reply_and_breaks_nothing(spawn_python):
     child = probed(spawn_python)
     path = probe_client.probe_path(child.pid)

@@ -29,7 +29,6 @@ samples go into the leak detector's bounded sketch (gpuscope.core.leak.LeakWatch
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from gpuscope import probe as _probe
 from gpuscope.core.diagnosis import ladder as allocations
 
 from gpuscope.core.diagnosis import attribution
@@ -506,7 +506,7 @@ class _ExitWatch:
             time.sleep(seconds)
             return
         try:
-            select.select([self._fd], [], [], seconds)
+            _probe.readable(self._fd, seconds)  # readable once the process has ended
         except (OSError, ValueError):
             time.sleep(seconds)
 

@@ -22,7 +22,6 @@ import errno
 import json
 import os
 import re
-import select
 import socket
 import stat
 import tempfile
@@ -392,8 +391,7 @@ class ProbeClient:
                 self.close()
                 raise ProbeError(f"{who} did not answer {op} within {timeout or self.timeout:g} s")
             try:
-                readable, _, _ = select.select([self._sock], [], [], min(0.2, left))
-                if not readable:
+                if not _probe.readable(self._sock, min(0.2, left)):
                     continue
                 chunk = self._sock.recv(65536)
             except (OSError, ValueError):
