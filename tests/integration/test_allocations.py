@@ -323,3 +323,17 @@ def test_without_any_memray_tracemalloc_names_the_leak_and_says_what_it_cannot_s
     leak_site = next(s for s in result.sites if s.function == "leak")
     assert len(result.times) >= 4 and leak_site.held[-1] > leak_site.held[1] > 0
     assert result.cost["rss_after"] is not None and result.window is not None
+
+
+def test_a_budget_spent_before_memray_skips_it_and_says_so(spawn_python):
+    """Bringing the probe in took the whole budget: memray is not run for a blink and reported as
+    having found nothing still held; it is skipped, and the time it would have needed is said."""
+    child = slow_leaker(spawn_python)
+    debugger, problem = injection_debugger(target_interpreter(child.pid))
+    if debugger is None:
+        pytest.skip(f"no debugger can inject safely on this machine: {problem}")
+    result = allocations.attribute(child.pid, 3.0, budget=0.0)
+    by = {r.method: r for r in result.rungs}
+    assert by["memray"].status == "skipped" and "no tracking time left" in by["memray"].detail, result.rungs
+    assert "bringing the probe in" in by["memray"].detail or "probe" not in by, result.rungs
+    assert child.poll() is None

@@ -75,6 +75,9 @@ __all__ = [
 ]
 
 
+MEMRAY_MIN_S = 1.0  # the least time left in the budget for a memray capture worth taking
+
+
 # -- bringing the probe in ----------------------------------------------------------------------------
 
 
@@ -223,7 +226,12 @@ def _climb(pid, duration, deadline, opened, use_memray, memory, cancelled, progr
     if cancelled():
         return done((), None, "none")
     # 2. memray: in process through the probe, else `memray attach`
-    if use_memray:
+    if use_memray and client is not None and left() < MEMRAY_MIN_S:
+        # Bringing the probe in (or torch's history) took the time: a capture of a blink would
+        # only say that nothing it saw is still held.
+        probe_took = f" (bringing the probe in and asking it took {time.time() - brought_in_at:.1f} s)" if brought_in_at else ""
+        rungs.append(Rung("memray", "skipped", f"no tracking time left in --duration{probe_took}"))
+    elif use_memray:
         progress("memray", 0.0)
         way = "in process through gpuscope's probe" if client is not None else "memray attach"
         begun = time.time()
