@@ -192,7 +192,11 @@ def diagnose_bare(folder, python, names, *extra: str, injectable: str | None = N
 
 
 def report(d: dict) -> str:
-    return json.dumps({k: d[k] for k in ("verdict", "pattern", "suspects", "evidence", "instrument")}, indent=1)[:6000]
+    """What a failure needs: the verdict, why (the memory step's and the classification's findings),
+    then the evidence; the suspects, longest, last."""
+    why = {f"step {s['number']}": s["finding"] for s in d["steps"] if s["number"] in (2, 6)}
+    return json.dumps({"verdict": d["verdict"], "pattern": d["pattern"], **why,
+                       **{k: d[k] for k in ("evidence", "instrument", "suspects")}}, indent=1)[:6000]
 
 
 def assert_right(d: dict, name: str) -> None:

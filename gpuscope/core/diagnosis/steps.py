@@ -315,17 +315,22 @@ def site_trends(att: Attribution | None, thresholds: LeakThresholds) -> list[tup
 
 SHORT_SPAN_SHARE = 0.4  # of a short window, the span of untouched samples asked for (a tracker had the rest)
 SHORT_SPAN_MIN_S = 3.0
+SHORT_MIN_Z = 4.0  # a short window's slope, in standard errors of its sample scatter (see `window_thresholds`)
 UNTOUCHED_SHARE = 0.55  # of a diagnosis's window, about what is watched with no tracker inside
 
 
 def window_thresholds(th: LeakThresholds, duration_s: float) -> LeakThresholds:
     """`th` for a diagnosis of `duration_s` seconds: a short one (`--duration 10`) has a few seconds
     of untouched samples, not the `min_span_s` a long one asks, so what it needs scales with the
-    window, and so does how long a fast leak must have lasted (5 MB/s over the untouched span)."""
+    window, and so does how long a fast leak must have lasted (5 MB/s over the untouched span).
+    Its slope is asked to stand fewer standard errors clear of the sample scatter: on a few seconds
+    of samples of a leak that keeps memory in bursts (a query at a time, on a busy machine), the
+    leak's own bursts are most of that scatter, and the slope of a handful of floors stands
+    fewer errors clear of it than the same leak's over a longer window."""
     need = max(SHORT_SPAN_MIN_S, SHORT_SPAN_SHARE * duration_s)
     if need >= th.min_span_s:
         return th
-    return replace(th, min_span_s=need, fast_duration_s=min(th.fast_duration_s, need))
+    return replace(th, min_span_s=need, fast_duration_s=min(th.fast_duration_s, need), min_z=min(th.min_z, SHORT_MIN_Z))
 
 
 def settle_seconds(th: LeakThresholds, growth_bytes_per_s: float | None, duration_s: float) -> float | None:
