@@ -67,6 +67,28 @@ def test_older_driver_falls_back_to_the_previous_process_query_and_remembers(fak
     assert "nvmlDeviceGetComputeRunningProcesses_v3" not in fake_nvml.CALLS
 
 
+def test_what_never_changes_is_asked_once_and_a_lost_gpu_is_looked_up_afresh(fake_nvml):
+    """A GPU's name and UUID are read with its handle, the number of GPUs every COUNT_KEPT_S: each
+    read asks only what moves (memory, utilisation, temperature, processes)."""
+    fake_nvml.configure({"devices": [device(), device(name="NVIDIA H100")]})
+    nvml = NvmlCollector()
+    first = nvml.read()
+    fake_nvml.CALLS.clear()
+    second = nvml.read()
+    assert [d.name for d in second.devices] == [d.name for d in first.devices] == ["NVIDIA H200", "NVIDIA H100"]
+    assert second.devices[0].uuid == first.devices[0].uuid is not None
+    asked = set(fake_nvml.CALLS)
+    assert not asked & {"nvmlDeviceGetCount", "nvmlDeviceGetCount_v2", "nvmlDeviceGetName", "nvmlDeviceGetUUID"}, asked
+    assert fake_nvml.CALLS.count("nvmlDeviceGetMemoryInfo") + fake_nvml.CALLS.count("nvmlDeviceGetMemoryInfo_v2") == 2
+    # lost, then back after a reset as another GPU: looked up afresh, the count asked again
+    fake_nvml.configure({"devices": [device(errors={"nvmlDeviceGetMemoryInfo": "GpuIsLost"}), device(name="NVIDIA H100")]})
+    assert "GPU is lost" in nvml.read().devices[0].error
+    fake_nvml.configure({"devices": [device(name="NVIDIA B200"), device(name="NVIDIA H100")]})
+    fake_nvml.CALLS.clear()
+    assert [d.name for d in nvml.read().devices] == ["NVIDIA B200", "NVIDIA H100"]
+    assert {"nvmlDeviceGetName", "nvmlDeviceGetUUID"} <= set(fake_nvml.CALLS)
+
+
 def test_a_lost_gpu_is_an_error_on_that_device_only(fake_nvml):
     fake_nvml.configure({"devices": [
         device(errors={"nvmlDeviceGetMemoryInfo": "GpuIsLost"}, compute=[{"pid": 10, "used": GIB}]),

@@ -10,6 +10,7 @@ which an empty list would hide).
 from __future__ import annotations
 
 import importlib
+import time
 from typing import Any, Protocol
 
 from gpuscope.core.node.model import Device, GpuUse, NvmlReading
@@ -22,6 +23,9 @@ _PROCESS_QUERIES = (
 )
 _VERSIONS = ("_v3", "_v2", "")
 _GPU_LOST = "GPU is lost: it fell off the bus (check dmesg; a reset or reboot is needed)"
+# How long the number of GPUs is taken as known: it changes only when a GPU is added or removed
+# (a lost GPU is still counted, and answers GpuIsLost), so it is not asked every read.
+COUNT_KEPT_S = 30.0
 
 
 class DeviceFailed(GpuscopeError):
@@ -48,6 +52,8 @@ class NvmlCollector:
         self._initialised = False
         self._driver: str | None = None
         self._handles: dict[int, Any] = {}
+        self._names: dict[int, tuple[Any, Any]] = {}  # index -> (name, UUID), read with its handle: they never change
+        self._count: tuple[int, float] | None = None  # (GPUs, when asked), see COUNT_KEPT_S
         self._queries: dict[str, Any] = {}  # kind -> the process-query function that works here
         self._refusals: dict[int, str] = {}  # this read's GPUs whose process list was refused, and why
 
@@ -102,10 +108,14 @@ class NvmlCollector:
         nvml = self._nvml
         if nvml is None:
             return NvmlReading(status=self._status)
-        try:
-            count = nvml.nvmlDeviceGetCount()
-        except nvml.NVMLError as exc:
-            return NvmlReading(status=f"NVML error listing GPUs: {exc}", driver=self._driver)
+        now = time.monotonic()
+        if self._count is None or now - self._count[1] >= COUNT_KEPT_S:
+            try:
+                self._count = (nvml.nvmlDeviceGetCount(), now)
+            except nvml.NVMLError as exc:
+                self._count = None
+                return NvmlReading(status=f"NVML error listing GPUs: {exc}", driver=self._driver)
+        count = self._count[0]
         devices: list[Device] = []
         uses: list[GpuUse] = []
         self._refusals = {}
@@ -145,16 +155,18 @@ class NvmlCollector:
                 if handle is None:
                     self._handles.pop(index, None)
                     return Device(index=index, name=name, error="NVML returned no handle for this GPU"), []
-            raw_name = self._call(nvml.nvmlDeviceGetName, handle)
+                self._names[index] = (self._call(nvml.nvmlDeviceGetName, handle), self._call(nvml.nvmlDeviceGetUUID, handle))
+            raw_name, uuid = self._names[index]
             name = _text(raw_name) if raw_name is not None else name
-            uuid = self._call(nvml.nvmlDeviceGetUUID, handle)
             memory = self._call(nvml.nvmlDeviceGetMemoryInfo, handle)
             rates = self._call(nvml.nvmlDeviceGetUtilizationRates, handle)
             temperature = self._call(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
             uses = self._read_processes(index, handle)
         except DeviceFailed as failed:
-            # A lost GPU's handle is stale; look it up afresh next time (it may come back after a reset).
+            # A lost GPU's handle is stale; look it up afresh next time (it may come back after a reset,
+            # perhaps as another GPU: its name and UUID are read again with the handle).
             self._handles.pop(index, None)
+            self._count = None
             return Device(index=index, name=name, error=str(failed)), []
         device = Device(
             index=index,
