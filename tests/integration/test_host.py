@@ -221,6 +221,76 @@ def test_a_process_whose_stat_line_is_unchanged_is_taken_as_it_was_and_its_owner
         os.kill(stopped.pid, signal.SIGCONT)
 
 
+def counted_reads(monkeypatch, fd: int) -> list[int]:
+    """Every read of the open file `fd` (a process's /proc/PID/stat, kept open between passes)."""
+    from gpuscope.core.node import host as host_module
+
+    reads: list[int] = []
+    real_pread = os.pread
+
+    def pread(f, n, offset):
+        if f == fd:
+            reads.append(1)
+        return real_pread(f, n, offset)
+
+    monkeypatch.setattr(host_module.os, "pread", pread)
+    return reads
+
+
+def test_a_calm_process_is_read_every_third_pass_unless_asked_fresh_and_its_change_shows_within_them(spawn_python, monkeypatch):
+    """Per-process work follows what changes: a process whose line read the same CALM_READS
+    times is taken as it was between reads every CALM_EVERY-th pass; one on screen (asked fresh)
+    is read every pass; a calm one that changes shows within CALM_EVERY passes."""
+    from gpuscope.core.node.host import CALM_EVERY, CALM_READS
+
+    stopped = spawn_python(IDLER)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        host = HostCollector()
+        wait_until(lambda: next(s for s in host.scan() if s.pid == stopped.pid).status == "stopped")
+        for _ in range(CALM_READS + 1):
+            host.scan()
+        reads = counted_reads(monkeypatch, host._stat_files[stopped.pid])
+        for _ in range(2 * CALM_EVERY):
+            assert next(s for s in host.scan() if s.pid == stopped.pid).status == "stopped"
+        assert len(reads) == 2
+        reads.clear()
+        for _ in range(2 * CALM_EVERY):
+            host.scan({stopped.pid})
+        assert len(reads) == 2 * CALM_EVERY
+        for _ in range(CALM_READS + CALM_EVERY):
+            host.scan()  # calm again, in the middle of its rest
+        os.kill(stopped.pid, signal.SIGCONT)
+        time.sleep(0.05)
+        statuses = [next(s for s in host.scan() if s.pid == stopped.pid).status for _ in range(CALM_EVERY)]
+        assert statuses[-1] != "stopped", statuses
+        host.close()
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+
+
+def test_the_console_reads_the_attached_process_every_pass(spawn_python, monkeypatch):
+    """The node source asks the host scan for its rows, the attached process and the alerting
+    ones fresh: what the operator reads is never a calm row's last reading."""
+    stopped = spawn_python(IDLER)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        from helpers import NoAllocator, NoNvml
+
+        host = HostCollector()
+        node = NodeSource(nvml=NoNvml(), host=host, allocator=NoAllocator(), focus_pid=stopped.pid)
+        wait_until(lambda: next(s for s in host.scan() if s.pid == stopped.pid).status == "stopped")
+        for _ in range(4):
+            node.sample_once()
+        reads = counted_reads(monkeypatch, host._stat_files[stopped.pid])
+        for _ in range(6):
+            node.sample_once()
+        assert len(reads) == 6
+        host.close()
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+
+
 def test_host_memory_reads_what_psutil_reads_and_asks_psutil_where_the_kernel_has_no_memavailable(tmp_path, monkeypatch):
     host = HostCollector()
     mine, theirs = host.memory(), psutil.virtual_memory()

@@ -129,7 +129,7 @@ class Host:
     def memory(self) -> HostMemory:
         return HostMemory(64 * 2**30, 16 * 2**30, 48 * 2**30)
 
-    def scan(self) -> list[SeenProcess]:
+    def scan(self, fresh=frozenset()) -> list[SeenProcess]:
         self.scans += 1
         return [SeenProcess(1000 + i, T0, "python", "/usr/bin/python3", "svc", (100 + i) * 2**20, 1.0) for i in range(12)]
 

@@ -225,7 +225,7 @@ class OneProcessHost:
 
         return HostMemory(64 * 2**30, 16 * 2**30, 48 * 2**30)
 
-    def scan(self):
+    def scan(self, fresh=frozenset()):
         from gpuscope.core.node.host import SeenProcess
 
         return [SeenProcess(1000, 1.0, "python", "/usr/bin/python3", "svc", 100 * 2**20, 1.0)]

@@ -326,9 +326,9 @@ class _CountedHost(HostCollector):
         super().__init__()
         self._health = health
 
-    def scan(self):
+    def scan(self, fresh=frozenset()):
         try:
-            return super().scan()
+            return super().scan(fresh)
         except Exception:
             self._health.error("host")
             raise

@@ -1,7 +1,7 @@
 """Host processes and memory, from /proc (through psutil where there is none).
 
 One pass over /proc per read with cheap fields only, its files kept open from one pass to the
-next; command lines (redacted) and cgroups (where the process runs) are read for the processes
+next, a process that has been idle a while read every third pass only (not one on screen); command lines (redacted) and cgroups (where the process runs) are read for the processes
 that will be shown and cached by (pid, create_time), so PID reuse is never confused with the old
 process and a pass reads them only for the processes it shows for the first time. A process that
 exits mid-read is simply not in the result.
@@ -41,6 +41,12 @@ _NAMES_KEPT = 4096
 # which nearly always moves a counter; this bounds how long the rare one that does not could show
 # its old owner.
 _UNCHANGED_PASSES = 10
+# A process whose stat line read the same CALM_READS times running is read only every
+# CALM_EVERY-th pass until it changes (unless it is among those asked fresh: the ones on
+# screen): a node's idle processes, most of them, then cost a third of a read a pass. One that
+# wakes is seen at most CALM_EVERY - 1 passes late, which no growth judgement notices.
+CALM_READS = 3
+CALM_EVERY = 3
 VERSION_ASK_DELAY_S = 2.0  # a Python's full version is asked this long after it is first wanted
 _FIELDS = ["pid", "name", "exe", "username", "memory_info", "cpu_percent", "create_time", "num_threads", "status"]
 _GONE = (b"Z", b"X", b"x")  # zombie or dead: exited, waiting to be collected
@@ -84,7 +90,7 @@ class _Passed:
     """What a pass over /proc kept of one process for the next pass (updated in place while its
     line stays the same: most processes, idle, cost one comparison a pass)."""
 
-    __slots__ = ("line", "row", "exe_key", "used", "when", "passes")
+    __slots__ = ("line", "row", "exe_key", "used", "when", "passes", "same", "rest")
 
     def __init__(self, line: bytes, row: SeenProcess, exe_key: tuple[int, float, bytes], used: int,
                  when: float) -> None:
@@ -94,6 +100,8 @@ class _Passed:
         self.used = used  # CPU ticks (utime + stime)
         self.when = when  # monotonic time of the pass
         self.passes = 0  # passes since its owner was read
+        self.same = 0  # reads in a row that found its line unchanged
+        self.rest = 0  # passes still to take its row as it was without reading it (see CALM_EVERY)
 
 
 class _Identity(NamedTuple):
@@ -148,10 +156,12 @@ class HostCollector:
         except (KeyError, IndexError, ValueError):
             return None
 
-    def scan(self) -> list[SeenProcess]:
-        """Every visible process with the fields needed to choose rows (no command lines yet)."""
+    def scan(self, fresh: frozenset[int] | set[int] = frozenset()) -> list[SeenProcess]:
+        """Every visible process with the fields needed to choose rows (no command lines yet).
+        Those in `fresh` (the ones on screen) are read on every pass, others idle a while every
+        CALM_EVERY-th."""
         if self._proc_ok:
-            return self._scan_proc()
+            return self._scan_proc(fresh)
         return self._scan_psutil()
 
     def close(self) -> None:
@@ -193,7 +203,7 @@ class HostCollector:
             os.close(fd)
         return data
 
-    def _scan_proc(self) -> list[SeenProcess]:
+    def _scan_proc(self, fresh: frozenset[int] | set[int]) -> list[SeenProcess]:
         # One read of /proc/PID/stat per process: the whole table costs a few ms even with
         # hundreds of processes (psutil's per-field reads cost several times more), and one stat()
         # for its owner, none for a process whose line has not changed (most of them, idle).
@@ -210,10 +220,21 @@ class HostCollector:
                 if not name.isdigit():
                     continue
                 pid = int(name)
+                before = last.get(pid)
+                if before is not None and before.rest > 0 and pid not in fresh and before.passes < _UNCHANGED_PASSES:
+                    # Calm: taken as it was this pass (its file stays open; its CPU figure is the
+                    # last read's, and the next read's covers the passes between).
+                    before.rest -= 1
+                    before.passes += 1
+                    fd = self._stat_files.pop(pid, None)
+                    if fd is not None:
+                        kept[pid] = fd
+                    this_pass[pid] = before
+                    seen.append(before.row)
+                    continue
                 data = self._read_stat(pid, name, kept)
                 if data is None:
                     continue  # exited while being read
-                before = last.get(pid)
                 if before is not None and before.line == data and before.passes < _UNCHANGED_PASSES:
                     row = before.row
                     cpu = 0.0 if now > before.when else None  # no tick used since the last pass
@@ -221,6 +242,9 @@ class HostCollector:
                         row = before.row = replace(row, cpu=cpu)
                     before.when = now
                     before.passes += 1
+                    before.same += 1
+                    if before.same >= CALM_READS:
+                        before.rest = CALM_EVERY - 1
                     this_pass[pid] = before
                     seen.append(row)
                     continue

@@ -305,8 +305,15 @@ class NodeSource:
     def _read_host(self) -> HostSnapshot:
         now = self._clock()
         memory = self._host.memory()
-        seen = self._host.scan()
         gpu_pids = {u.pid for u in self._nvml_reading.uses}
+        # The rows on screen, the attached process and those alerting are read every pass; the
+        # node's other processes, once calm, less often (`HostCollector.scan`).
+        fresh = {p.pid for p in self._last.processes} if self._last is not None else set()
+        fresh.update(gpu_pids)
+        fresh.update(a.pid for a in self._alerts if a.pid is not None)
+        if self._focus is not None:
+            fresh.add(self._focus)
+        seen = self._host.scan(fresh)
         growing = self._screen.update(seen, now)
         if self._every_process:
             chosen = [s for s in seen if s.rss or s.pid in gpu_pids]
