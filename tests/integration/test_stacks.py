@@ -25,6 +25,11 @@ print("ready", flush=True)
 while True:
     crunch()
 """
+ASLEEP = """
+import time
+print("ready", flush=True)
+time.sleep(1e6)  # never awake: a program that wakes each second is caught runnable on a busy machine
+"""
 MANY_THREADS = """
 import threading, time
 for i in range(100):
@@ -64,7 +69,7 @@ def own_frames(dump):
 
 
 def test_dump_of_an_idle_program(spawn_python):
-    child = spawn_python(IDLER)
+    child = spawn_python(ASLEEP)
     dump = pyspy.dump(child.pid)
     assert dump.pid == child.pid and dump.mode == "blocking" and len(dump.threads) == 1
     [main] = dump.threads
@@ -73,7 +78,7 @@ def test_dump_of_an_idle_program(spawn_python):
 
 
 def test_sampling_an_idle_program_says_it_was_idle(spawn_python):
-    child = spawn_python(IDLER)
+    child = spawn_python(ASLEEP)
     out = subprocess.run(gpuscope_cmd() + ["stacks", "--pid", str(child.pid), "--samples", "20", "--interval", "0.02"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

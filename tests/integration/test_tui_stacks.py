@@ -9,7 +9,7 @@ from gpuscope.tui.stacks import ConfirmAttach, DumpScreen, SampleScreen, Suspect
 
 from frames import FakeSource, frame, live, rows
 from pilot_wait import until
-from test_stacks import BUSY, IDLER
+from test_stacks import ASLEEP, BUSY
 
 
 def frame_with(pid: int):
@@ -69,7 +69,7 @@ async def test_capital_s_samples_into_a_tree_of_hot_paths(spawn_python, monkeypa
 
 
 async def test_capital_s_on_an_idle_program_says_it_was_idle(spawn_python, monkeypatch):
-    child = spawn_python(IDLER)
+    child = spawn_python(ASLEEP)
     monkeypatch.setattr("gpuscope.tui.stacks.SAMPLE_SECONDS", 0.5)
     app = GpuScopeApp(live(FakeSource(frame_with(child.pid))))
     async with app.run_test(size=(100, 30)) as pilot:
