@@ -1,8 +1,8 @@
 """Host processes and memory, from /proc (through psutil where there is none).
 
 One pass over /proc per read with cheap fields only, its files kept open from one pass to the
-next, a process that has been idle a while read every third pass only (not one on screen); command lines (redacted) and cgroups (where the process runs) are read for the processes
-that will be shown and cached by (pid, create_time), so PID reuse is never confused with the old
+next, a process idle a while read every third pass only (not one on screen); command lines
+(redacted) and cgroups (where the process runs) are read for the processes that will be shown and cached by (pid, create_time), so PID reuse is never confused with the old
 process and a pass reads them only for the processes it shows for the first time. A process that
 exits mid-read is simply not in the result.
 
@@ -44,7 +44,8 @@ _UNCHANGED_PASSES = 10
 # A process whose stat line read the same CALM_READS times running is read only every
 # CALM_EVERY-th pass until it changes (unless it is among those asked fresh: the ones on
 # screen): a node's idle processes, most of them, then cost a third of a read a pass. One that
-# wakes is seen at most CALM_EVERY - 1 passes late, which no growth judgement notices.
+# wakes is seen at most CALM_EVERY - 1 passes late, which no growth judgement notices (and so is
+# a new process that took the PID of one that exited meanwhile).
 CALM_READS = 3
 CALM_EVERY = 3
 VERSION_ASK_DELAY_S = 2.0  # a Python's full version is asked this long after it is first wanted
