@@ -2,9 +2,10 @@
 
 One pass over /proc per read with cheap fields only, its files kept open from one pass to the
 next, a process idle a while read every third pass only (not one on screen); command lines
-(redacted) and cgroups (where the process runs) are read for the processes that will be shown and cached by (pid, create_time), so PID reuse is never confused with the old
-process and a pass reads them only for the processes it shows for the first time. A process that
-exits mid-read is simply not in the result.
+(redacted) and cgroups (where the process runs) are read for the processes that will be shown
+and cached by (pid, create_time), so PID reuse is never confused with the old process and a pass
+reads them only for the processes it shows for the first time. A process that exits mid-read is
+simply not in the result.
 
 Every text read here is its owner's choice (a process can name itself, its arguments and its
 folder anything, escape sequences included): names, users, command lines, folders enter the
