@@ -422,6 +422,22 @@ def test_10_mb_a_round_in_5_percent_noise_fails_on_its_line_and_the_noise_alone_
     assert "keeper.py:14) kept 9.5 MiB in each of the 3 tracked rounds" in criteria["sites"]["message"]
 
 
+def test_a_round_slower_than_the_one_before_is_tracked_to_its_end(tmp_path):
+    """The warm-up round's load asks at once; every later round's waits 1.5 s first (a slow round,
+    as a busy machine makes them). Asked for the warm-up round's length only, memray would have
+    stopped before the request; it tracks until the round's busy part ends."""
+    service = program(tmp_path, "keeper.py", KEEPER)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    marker = str(tmp_path / "warmed")
+    load = (f"{PY} -c \"import os, time, urllib.request; os.path.exists('{marker}') and time.sleep(1.5); "
+            f"open('{marker}', 'w').close(); urllib.request.urlopen('{url}').read()\"")
+    out = check("--json", "--ready-url", url, "--load", load, "--", PY, service, str(port), "leak")
+    criteria = {c["name"]: c for c in json.loads(out.stdout)["criteria"]}
+    assert out.returncode == 1 and criteria["sites"]["status"] == "fail", out.stdout + out.stderr
+    assert "keeper.py:14) kept 9.5 MiB in each of the 3 tracked rounds" in criteria["sites"]["message"]
+
+
 BATCH = """
 import sys, time
 held = bytearray(int(sys.argv[1]) * 1_000_000)  # the job's peak

@@ -17,9 +17,10 @@ Measured meanwhile, every `interval_s`: the resident memory (RSS) of the service
 `gpu_interval_s`, through NVML, its GPU memory per device. Where the service's /metrics are given,
 one scrape at each end of a round gives the requests it served (the profile's request counter)
 and their P95 latency over the round. In each Python process of the tree that runs gpuscope's
-probe (`gpuscope run` starts it), memray tracks the allocations of the first 90 % of the round
-(of the previous round's length: the load's length is known only once it has run); those still
-alive at the end are grouped by the code that made them. Before round 0, memray is started and
+probe (`gpuscope run` starts it), memray tracks the allocations of the round's busy part: asked
+for as long as a round may last and stopped the moment the busy part ends, so that a round slower
+than the one before (as on a busy machine) is tracked to its end; those still alive at the end
+are grouped by the code that made them. Before round 0, memray is started and
 stopped once in each process, so that its own footprint (a few MB, once) is in every floor.
 
 Memory stays flat across rounds: per round, a few numbers and at most SITES_PER_ROUND sites; the
@@ -62,7 +63,8 @@ TREE_REFRESH_S = 1.0
 MAX_TREE = 64  # processes of the tree measured (a service with more workers is measured by its first 64)
 MAX_TRACKED = 8  # processes memray tracks at once
 MAX_STACK_FRAMES = 8  # of the code path kept with each allocation site
-TRACK_SHARE = 0.9  # of the round's expected busy part: tracking ends before its quiet end
+TRACK_LONGEST_S = 600.0  # the longest capture a probe takes; each is stopped when its round's busy part ends
+STOP_AGAIN_S = 0.25  # a capture asked to stop before it had begun is asked again this long after
 TRACK_GRACE_S = 1.0  # waited, at least, for memray's answer after the quiet part
 STOP_TIMEOUT_S = 10.0
 READY_POLL_S = 0.2
@@ -342,6 +344,8 @@ class Tracking:
         self._results: list[tuple[int, dict | None, str | None]] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._pids: list[int] = []  # of the threads, in order
+        self._stop_asked_at: float | None = None
         self.problems: list[str] = []
         for pid in pids:
             if len(self._threads) >= MAX_TRACKED:
@@ -355,6 +359,7 @@ class Tracking:
                 continue
             thread = threading.Thread(target=self._track, args=(pid, client), name=f"gpuscope-memray-{pid}", daemon=True)
             self._threads.append(thread)
+            self._pids.append(pid)
             thread.start()
 
     @property
@@ -373,6 +378,25 @@ class Tracking:
     def cancel(self) -> None:
         """Stop tracking now (the probes see the hang-up and stop memray); nothing is returned."""
         self._cancel.set()
+
+    def stop(self) -> None:
+        """Ask each capture still running to end now and reply with what it has (the round's busy
+        part is over). A capture that had not begun when asked is asked again, at most every
+        STOP_AGAIN_S."""
+        now = time.monotonic()
+        if self._stop_asked_at is not None and now - self._stop_asked_at < STOP_AGAIN_S:
+            return
+        self._stop_asked_at = now
+        for pid, thread in zip(self._pids, self._threads):
+            if not thread.is_alive():
+                continue
+            try:
+                client = probe_client.probe_for(pid)
+                if client is not None:
+                    with client:
+                        client.track_stop()
+            except probe_client.ProbeError:
+                pass  # its capture ends at its own time
 
     def _track(self, pid: int, client: probe_client.ProbeClient) -> None:
         try:
@@ -691,7 +715,8 @@ def _round(service: Service, plan: Plan, number: int, expected: float | None, me
         if problem:
             notes.append(problem)
     started = time.monotonic()
-    tracking = Tracking(memory.pids(), TRACK_SHARE * expected) if plan.memray and expected else None
+    tracking = (Tracking(memory.pids(), min(plan.round_timeout_s, TRACK_LONGEST_S)) if plan.memray and expected
+                else None)
     load: subprocess.Popen | None = None
     load_exit: int | None = None
     exited: _ExitWatch | None = None
@@ -720,9 +745,13 @@ def _round(service: Service, plan: Plan, number: int, expected: float | None, me
                         break
                     if answered:
                         quiet_until = now + plan.settle_s
+                    elif tracking is not None:
+                        tracking.stop()
                 elif busy_until is not None and now >= busy_until:
                     if answered:
                         quiet_until = now + plan.settle_s
+                    elif tracking is not None:
+                        tracking.stop()
                 elif now - started > plan.round_timeout_s:
                     cut = f"the load command ran past the round timeout ({plan.round_timeout_s:g} s) in round {number}"
                     break
