@@ -738,23 +738,22 @@ def _round(service: Service, plan: Plan, number: int, expected: float | None, me
                 # The quiet part begins once memray has answered too: it reads its capture inside
                 # the service first, and the floor must not hold the tracker's own memory.
                 answered = tracking is None or tracking.answered() or now - started > plan.round_timeout_s
+                busy_over = False
                 if load is not None and load.poll() is not None:
                     load_exit = load.returncode
                     if load_exit != 0:
                         cut = f"the load command exited with status {load_exit} in round {number}"
                         break
-                    if answered:
-                        quiet_until = now + plan.settle_s
-                    elif tracking is not None:
-                        tracking.stop()
+                    busy_over = True
                 elif busy_until is not None and now >= busy_until:
-                    if answered:
-                        quiet_until = now + plan.settle_s
-                    elif tracking is not None:
-                        tracking.stop()
+                    busy_over = True
                 elif now - started > plan.round_timeout_s:
                     cut = f"the load command ran past the round timeout ({plan.round_timeout_s:g} s) in round {number}"
                     break
+                if busy_over and answered:
+                    quiet_until = now + plan.settle_s
+                elif busy_over and tracking is not None:
+                    tracking.stop()
             if quiet_until is not None and now >= quiet_until:
                 break
             _sample(memory, figures, judged, quiet_until is not None)

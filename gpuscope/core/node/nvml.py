@@ -51,8 +51,8 @@ class NvmlCollector:
         self._status: str | None = None
         self._initialised = False
         self._driver: str | None = None
-        self._handles: dict[int, Any] = {}
-        self._names: dict[int, tuple[Any, Any]] = {}  # index -> (name, UUID), read with its handle: they never change
+        # index -> (handle, name, UUID): the name and UUID never change, so they are read with the handle
+        self._handles: dict[int, tuple[Any, Any, Any]] = {}
         self._count: tuple[int, float] | None = None  # (GPUs, when asked), see COUNT_KEPT_S
         self._queries: dict[str, Any] = {}  # kind -> the process-query function that works here
         self._refusals: dict[int, str] = {}  # this read's GPUs whose process list was refused, and why
@@ -147,16 +147,16 @@ class NvmlCollector:
 
     def _read_device(self, index: int) -> tuple[Device, list[GpuUse]]:
         nvml = self._nvml
-        handle = self._handles.get(index)
+        known = self._handles.get(index)
         name = f"GPU {index}"
         try:
-            if handle is None:
-                handle = self._handles[index] = self._call(nvml.nvmlDeviceGetHandleByIndex, index)
+            if known is None:
+                handle = self._call(nvml.nvmlDeviceGetHandleByIndex, index)
                 if handle is None:
-                    self._handles.pop(index, None)
                     return Device(index=index, name=name, error="NVML returned no handle for this GPU"), []
-                self._names[index] = (self._call(nvml.nvmlDeviceGetName, handle), self._call(nvml.nvmlDeviceGetUUID, handle))
-            raw_name, uuid = self._names[index]
+                known = self._handles[index] = (handle, self._call(nvml.nvmlDeviceGetName, handle),
+                                                self._call(nvml.nvmlDeviceGetUUID, handle))
+            handle, raw_name, uuid = known
             name = _text(raw_name) if raw_name is not None else name
             memory = self._call(nvml.nvmlDeviceGetMemoryInfo, handle)
             rates = self._call(nvml.nvmlDeviceGetUtilizationRates, handle)
