@@ -286,6 +286,19 @@ def test_a_10_s_window_calls_a_leak_kept_in_bursts_on_a_busy_machine_a_leak():
     assert assess(kept.times, kept.values, thresholds=short).verdict == "no-leak"
 
 
+def test_a_10_s_diagnosis_whose_tracker_ended_late_asks_what_10_s_ask_of_its_untouched_samples():
+    """On a slow machine the probe came in slowly and its tracker ended 2 s past a 10 s window: the
+    watch ran 14 s, the tracker had 9.1 s of it, and 5.5 s of untouched samples of a 5 MB/s leak
+    were asked to cover 40 % of 14 s (5.6 s): "insufficient data". What a short window asks
+    scales with the time asked for, not with what a late tracker added."""
+    times = tuple(-14.0 + 0.5 * i for i in range(29))
+    rss = Series(times, tuple(200 * MB + 5 * MB * (t + 14.0) for t in times))
+    late = Evidence(pid=1, command="serve", duration_s=14.0, rss=rss, instrumented=((-11.1, -2.0),), asked_s=10.0)
+    d = diagnose(late)
+    assert d.verdict == "leak", d.steps[5].finding
+    assert diagnose(replace(late, asked_s=None)).verdict == "inconclusive"  # judged as a 14 s window
+
+
 def test_step_4_is_step_4_whether_the_process_exited_or_no_growth_is_known_and_ranks_by_itself():
     rows = (ProcessRow(1, "u", None, None, MB, 0.0, "serve", rss_growth_bytes_per_s=2 * MB + 0.26),
             ProcessRow(2, "u", None, None, MB, 0.0, "other", rss_growth_bytes_per_s=1 * MB))

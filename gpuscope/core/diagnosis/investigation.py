@@ -127,6 +127,7 @@ def investigate(
         attribution=att,
         instrumented=instrumented,
         exited=evidence.exited or exited_after is not None,
+        asked_s=duration,
     )
 
 

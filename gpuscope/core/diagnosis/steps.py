@@ -101,6 +101,9 @@ class Evidence:
     # endpoint): False skips steps 3 and 5; None (not known) has them say what they judge.
     serves: bool | None = None
     runs_in: str = ""  # the process's systemd unit or container, short ("vllm.service")
+    # The --duration asked for, where the evidence was collected for it: what a short window asks
+    # of its untouched samples scales with it, not with a window that a late tracker lengthened.
+    asked_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -796,7 +799,8 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     site whose held bytes rise steadily to the end is a leak even where RSS is flat (the allocator
     reuses freed heap, which hides a slow leak from RSS for minutes). A short window asks less of
     its untouched samples (`window_thresholds`)."""
-    base, thresholds = thresholds, window_thresholds(thresholds, ev.duration_s)
+    asked = ev.asked_s if ev.asked_s is not None else ev.duration_s
+    base, thresholds = thresholds, window_thresholds(thresholds, asked)
     device_step, device_assessment = step_device(ev, thresholds)
     gpu_assessment = None
     if ev.gpu is not None and ev.gpu.known():
@@ -850,7 +854,7 @@ def diagnose(ev: Evidence, thresholds: LeakThresholds = LeakThresholds()) -> Dia
     settle = None
     if verdict == "inconclusive" and memory is not None:
         # Not settled yet: the suspects stay (a lead), and how long would settle it is said.
-        settle = settle_seconds(base, memory.growth_bytes_per_s, ev.duration_s)
+        settle = settle_seconds(base, memory.growth_bytes_per_s, asked)
         if settle is not None:
             classify_step = replace(
                 classify_step, next=f"Diagnose again with --duration {settle:g}: growth at "
