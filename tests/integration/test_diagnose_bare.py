@@ -280,9 +280,17 @@ def short(tmp_path_factory, bare, injectable):
 
 
 def test_a_5_mb_per_s_leak_is_decided_within_a_10_s_diagnosis(short):
+    """The verdict within 10 s, whatever the machine. Its code path where a tracker had the time:
+    on a loaded machine bringing the probe in through the debugger can take most of the ladder's
+    7 s, and then the trackers are skipped, which the diagnosis says."""
     d = short["fast-leak"]
     assert d["duration_s"] <= 15, report(d)
-    assert_right(d, "fast-leak")
+    by = {r["method"]: r for r in d["steps"][6]["evidence"]["rungs"]}
+    if by["memray"]["status"] == "skipped":
+        assert d["verdict"] == "leak", report(d)
+        assert "no tracking time left" in by["memray"]["detail"] and "bringing the probe in" in by["memray"]["detail"], by
+    else:
+        assert_right(d, "fast-leak")
 
 
 def test_a_fast_leak_no_tracker_sees_is_decided_by_the_few_samples_a_10_s_window_leaves(short):
