@@ -56,7 +56,9 @@ innermost first, everywhere. Ops:
   allocation is recorded (not aggregated; tracking stops early past 256 MiB of capture) and the
   reply adds `times` (memory snapshots, seconds since tracking began) and, per record, `held`:
   the bytes that stack held at each of those times. With `memray_path` (gpuscope's own
-  packages), memray is imported from there when the process cannot import its own. Every reply
+  packages), memray is imported from there when the process cannot import its own (without
+  rich, where the service has none: `_stub_rich`), used again by later captures, and its
+  libraries' read-only pages are dropped from the RSS after each (`drop_clean_pages`). Every reply
   says where memray came from (`from`) and the process's RSS `before`, while `tracking` and
   `after` (the tracker's state freed, glibc asked to return free pages: `malloc_trim`, asked
   again once the reply is sent and what reading the capture built is freed), and `heap`
@@ -545,6 +547,8 @@ class _State:
         self.next_id = 1
         self.stop_asked = threading.Event()  # `track_stop`: the running capture ends and replies
         self.tracking = None  # the running capture's progress (a dict replaced whole, never changed)
+        self.lent_from = None  # the folder memray was lent from, once it was
+        self.lent_files = set()  # the files the lent memray mapped into the process (`drop_clean_pages`)
 
     def client_gone(self, client):
         """What a connection started ends with it: gpuscope killed mid-diagnosis leaves nothing on."""
@@ -957,11 +961,17 @@ def _op_track_stop(state, request, hung_up):
     return {"stopping": True}
 
 
-def _import_memray(path):
+def _import_memray(path, lent_before=False):
     """memray, from the process's own environment, else from `path` (gpuscope's own packages,
     only when they were built for this interpreter: an import that fails leaves nothing behind).
     -> (module, where) or RequestError. `path` stays on sys.path until `_forget_path(path)`:
-    memray imports some of its modules only when a capture is read."""
+    memray imports some of its modules only when a capture is read. `lent_before`: an earlier
+    capture loaded it from `path`, and it is still loaded."""
+    if lent_before and isinstance(path, str) and path:
+        sys.path.append(path)
+        import memray
+
+        return memray, "gpuscope's own packages (%s)" % path
     try:
         import memray
 
@@ -972,6 +982,7 @@ def _import_memray(path):
         raise RequestError("memray is not importable in this process: install memray (or gpuscope) into the "
                            "service's environment")
     sys.path.append(path)
+    stubbed = _stub_rich()
     try:
         import memray
 
@@ -982,6 +993,88 @@ def _import_memray(path):
             del sys.modules[name]
         raise RequestError("memray is not importable in this process, and gpuscope's own memray does not load "
                            "in it (%s: %s)" % (type(exc).__name__, exc))
+    finally:
+        for name in stubbed:
+            sys.modules.pop(name, None)
+
+
+def _stub_rich():
+    """Stand-ins for the two names of `rich` that memray imports at load, for a service that has no
+    rich of its own (-> the names put in sys.modules, to take out once memray is loaded). memray
+    draws with them only when a capture is read with a progress bar, which the probe never asks
+    for; the real rich would stay in the service: 54 modules, about 3 MB."""
+    import importlib.util
+    import types
+
+    if "rich" in sys.modules:
+        return []
+    path = list(sys.path)
+    try:
+        sys.path.pop()  # gpuscope's own packages, just added: is there a rich without them?
+        if importlib.util.find_spec("rich") is not None:
+            return []  # the service's own rich: memray loads that, as the service would
+    except (ImportError, ValueError):
+        return []
+    finally:
+        sys.path[:] = path
+
+    def not_here(*args, **kwargs):
+        raise RuntimeError("rich is not loaded in this process: gpuscope lent memray without it")
+
+    def plain_print(*objects, **kwargs):
+        stream = kwargs.get("file") or sys.stderr
+        stream.write(" ".join(str(o) for o in objects) + kwargs.get("end", "\n"))
+
+    rich = types.ModuleType("rich")
+    progress = types.ModuleType("rich.progress")
+    rich.print = plain_print
+    progress.Progress = progress.SpinnerColumn = not_here
+    rich.progress = progress
+    sys.modules["rich"], sys.modules["rich.progress"] = rich, progress
+    return ["rich", "rich.progress"]
+
+
+MADV_DONTNEED = 4
+
+
+def _mapped_files():
+    """The files mapped into this process now (its libraries among them)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return {f[5].strip() for f in (line.split(None, 5) for line in maps) if len(f) == 6 and f[5].startswith("/")}
+    except OSError:
+        return set()
+
+
+def drop_clean_pages(files):
+    """Drop from the RSS the pages of `files` (the libraries a lent memray loaded: its own, libstdc++,
+    the compression and TLS libraries it links) that are the file's bytes as on disk: read-only
+    mappings with no page written (smaps' Anonymous: 0). They stay in the page cache and come back
+    on their next use, unchanged; what was written (relocations, data) is never touched. Without
+    this, 4 MB of memray's code stays in the service's RSS after tracking though nothing runs it."""
+    if not files:
+        return
+    try:
+        import ctypes
+
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        clean, span = [], None
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                fields = line.split()
+                if len(fields) >= 5 and "-" in fields[0] and ":" in fields[3]:  # a mapping's header line
+                    name = fields[5] if len(fields) >= 6 else ""
+                    span = fields[0] if name in files and "w" not in fields[1] else None
+                elif span is not None and fields and fields[0] == "Anonymous:":
+                    if fields[1] == "0":
+                        clean.append(span)
+                    span = None
+        for text in clean:
+            start, end = (int(x, 16) for x in text.split("-"))
+            madvise(start, end - start, MADV_DONTNEED)
+    except Exception:
+        pass
 
 
 def _forget_path(path):
@@ -1038,7 +1131,11 @@ def _op_memray_track(state, request, hung_up):
     if interval is not None and (isinstance(interval, bool) or not isinstance(interval, (int, float))
                                  or not 0.05 <= interval <= 60):
         raise RequestError("interval must be a number of seconds from 0.05 to 60")
-    memray, where = _import_memray(request.get("memray_path"))
+    # A memray lent by an earlier capture is still loaded: the client, finding it importable now,
+    # sends no path.
+    path = request.get("memray_path") or state.lent_from
+    mapped_before = _mapped_files() if state.lent_from is None else set()
+    memray, where = _import_memray(path, state.lent_from is not None)
     if not state.memray.acquire(False):
         raise RequestError("a memray capture is already running in this process: try again when it ends")
     folder = None
@@ -1105,8 +1202,12 @@ def _op_memray_track(state, request, hung_up):
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
         if where != "the service's environment":
-            _forget_path(request.get("memray_path"))
+            _forget_path(path)
     give_back_freed_memory()
+    if where != "the service's environment":
+        state.lent_from = path
+        state.lent_files |= _mapped_files() - mapped_before
+        drop_clean_pages(state.lent_files)
     kept = records[:limit]
     out = {
         "seconds": round(took, 3),

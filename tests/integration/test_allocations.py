@@ -337,3 +337,63 @@ def test_a_budget_spent_before_memray_skips_it_and_says_so(spawn_python):
     assert by["memray"].status == "skipped" and "no tracking time left" in by["memray"].detail, result.rungs
     assert "bringing the probe in" in by["memray"].detail or "probe" not in by, result.rungs
     assert child.poll() is None
+
+
+def _library_pages_kb(pid: int, folder: str) -> int:
+    """kB of the process's RSS in read-only mappings of the libraries under `folder`."""
+    total, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if len(fields) >= 5 and "-" in fields[0] and ":" in fields[3]:
+                inside = len(fields) >= 6 and fields[5].startswith(folder) and "w" not in fields[1]
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+def test_a_lent_memray_leaves_neither_rich_nor_its_libraries_code_in_the_service(tmp_path):
+    """A service with no memray and no rich of its own is lent gpuscope's memray: once tracking
+    ends, memray's libraries' code is no longer in its RSS (their read-only pages, as on disk,
+    dropped; what runs again comes back), and rich, which memray imports only to draw progress
+    bars, was never loaded."""
+    own = _probe_trackers.own_memray_path()
+    if own is None:
+        pytest.skip("gpuscope's own memray cannot be lent on this machine")
+    status = tmp_path / "modules.txt"
+    script = tmp_path / "service.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        kept = []
+        print("ready", flush=True)
+        while True:
+            kept.append(bytearray(50_000))
+            loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("rich", "memray"))
+            open({str(status)!r}, "w").write(" ".join(loaded))
+            time.sleep(0.05)
+    """))
+    bare = tmp_path / "bare-venv"
+    venv.create(bare, with_pip=False)
+    proc = subprocess.Popen([sys.executable, "-m", "gpuscope", "run", "--", str(bare / "bin" / "python"), str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        wait_until(lambda: allocations.probe_client.probe_path(proc.pid), timeout=10, what="the probe")
+        client = allocations.probe_client.probe_for(proc.pid)
+        assert client is not None
+        libraries = os.path.join(os.path.realpath(own), "memray")  # memray/ and memray.libs/
+        try:
+            for capture in (1, 2):  # the second capture reuses the memray the first one loaded
+                tracked = _probe_trackers.probe_memray_suspects(client, proc.pid, 2.0, hello=client.hello(), settle=False)
+                assert tracked.cost.get("from", "").startswith("gpuscope's own packages"), (capture, tracked.cost)
+                assert tracked.suspects, capture
+                loaded = wait_until(lambda: "memray" in status.read_text() and status.read_text(), timeout=10,
+                                    what="the service to see memray loaded")
+                assert not [m for m in loaded.split() if m.split(".")[0] == "rich"], loaded
+                # about 2.7 MB while they stay; what memray's hooks still run comes back (0.2-0.4 MB)
+                assert _library_pages_kb(proc.pid, libraries) < 1024, (capture, _library_pages_kb(proc.pid, libraries))
+        finally:
+            client.close()
+    finally:
+        proc.kill()
+        proc.wait()
