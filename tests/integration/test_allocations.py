@@ -5,6 +5,7 @@ where time goes) — which is why the ladder exists. `memray attach` needs to in
 gdb before Python 3.14; where that would harm the target, the ladder refuses and the target lives.
 """
 
+import contextlib
 import os
 import re
 import subprocess
@@ -289,6 +290,23 @@ def test_the_sampling_rung_fails_when_most_dumps_fail_and_says_how_many(spawn_py
     assert said == [f"stack-sampling: {rung.detail}"]
 
 
+@contextlib.contextmanager
+def probed_in_a_bare_venv(tmp_path, script):
+    """`script` run under `gpuscope run` by a venv's Python with nothing installed (no memray, no
+    rich), once it says ready and its probe listens; killed afterwards."""
+    bare = tmp_path / "bare-venv"
+    venv.create(bare, with_pip=False)
+    proc = subprocess.Popen([sys.executable, "-m", "gpuscope", "run", "--", str(bare / "bin" / "python"), str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        wait_until(lambda: allocations.probe_client.probe_path(proc.pid), timeout=10, what="the probe")
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_without_any_memray_tracemalloc_names_the_leak_and_says_what_it_cannot_see(tmp_path, monkeypatch):
     """An interpreter without memray, and no memray of gpuscope's to lend it: the tracemalloc rung,
     through the probe `gpuscope run` started, names the leaking function from its held bytes."""
@@ -305,17 +323,8 @@ def test_without_any_memray_tracemalloc_names_the_leak_and_says_what_it_cannot_s
             leak(); churn(); time.sleep(0.02)
     """))
     monkeypatch.setattr(_probe_trackers, "own_memray_path", lambda: None)
-    bare = tmp_path / "bare-venv"
-    venv.create(bare, with_pip=False)
-    proc = subprocess.Popen([sys.executable, "-m", "gpuscope", "run", "--", str(bare / "bin" / "python"), str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        wait_until(lambda: allocations.probe_client.probe_path(proc.pid), timeout=10, what="the probe")
+    with probed_in_a_bare_venv(tmp_path, script) as proc:
         result = allocations.attribute(proc.pid, 6.0)  # its first second is the tracker starting
-    finally:
-        proc.kill()
-        proc.wait()
     memray_rung, tracemalloc_rung = result.rungs[1:3]
     assert memray_rung.status == "failed" and "memray is not importable" in memray_rung.detail
     assert tracemalloc_rung.status == "used" and "Python-domain allocations only" in tracemalloc_rung.detail
@@ -372,13 +381,7 @@ def test_a_lent_memray_leaves_neither_rich_nor_its_libraries_code_in_the_service
             open({str(status)!r}, "w").write(" ".join(loaded))
             time.sleep(0.05)
     """))
-    bare = tmp_path / "bare-venv"
-    venv.create(bare, with_pip=False)
-    proc = subprocess.Popen([sys.executable, "-m", "gpuscope", "run", "--", str(bare / "bin" / "python"), str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        wait_until(lambda: allocations.probe_client.probe_path(proc.pid), timeout=10, what="the probe")
+    with probed_in_a_bare_venv(tmp_path, script) as proc:
         client = allocations.probe_client.probe_for(proc.pid)
         assert client is not None
         libraries = os.path.join(os.path.realpath(own), "memray")  # memray/ and memray.libs/
@@ -394,6 +397,3 @@ def test_a_lent_memray_leaves_neither_rich_nor_its_libraries_code_in_the_service
                 assert _library_pages_kb(proc.pid, libraries) < 1024, (capture, _library_pages_kb(proc.pid, libraries))
         finally:
             client.close()
-    finally:
-        proc.kill()
-        proc.wait()
