@@ -208,7 +208,9 @@ def test_a_body_file_is_posted_whole_with_every_request(serve, tmp_path):
     done = ramp("--target", f"{url}/work", "--body", str(body), *QUICK, "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["mode"] == "http" and result["stopped_by"] == "max-rate"
+    # Why the ramp stopped is not this test's business: one slow request on a busy machine can
+    # end a half-second step by its P99 (seen once) before the maximum rate; the bodies sent are.
+    assert result["mode"] == "http" and result["stopped_by"] in ("max-rate", "p99"), result["stopped_by"]
     ok, sent = sum(s["ok"] for s in result["steps"]), sum(s["sent"] for s in result["steps"])
     got = scraped(url)
     assert ok >= 10 and ok <= got["ramp_test_bodies_total"] <= sent  # a request cut off at the end may have arrived
