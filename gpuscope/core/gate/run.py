@@ -343,8 +343,7 @@ class Tracking:
         self._cancel = threading.Event()
         self._results: list[tuple[int, dict | None, str | None]] = []
         self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._pids: list[int] = []  # of the threads, in order
+        self._threads: dict[int, threading.Thread] = {}  # pid -> the thread awaiting its probe's capture
         self._stop_asked_at: float | None = None
         self.problems: list[str] = []
         for pid in pids:
@@ -357,9 +356,8 @@ class Tracking:
                 continue
             if client is None:
                 continue
-            thread = threading.Thread(target=self._track, args=(pid, client), name=f"gpuscope-memray-{pid}", daemon=True)
-            self._threads.append(thread)
-            self._pids.append(pid)
+            thread = self._threads[pid] = threading.Thread(target=self._track, args=(pid, client),
+                                                           name=f"gpuscope-memray-{pid}", daemon=True)
             thread.start()
 
     @property
@@ -368,7 +366,7 @@ class Tracking:
 
     def answered(self) -> bool:
         """Every probe has replied (or failed): nothing of memray's runs in the service any more."""
-        return not any(t.is_alive() for t in self._threads)
+        return not any(t.is_alive() for t in self._threads.values())
 
     def answered_pids(self) -> set[int]:
         """The processes whose probe replied with a capture."""
@@ -387,7 +385,7 @@ class Tracking:
         if self._stop_asked_at is not None and now - self._stop_asked_at < STOP_AGAIN_S:
             return
         self._stop_asked_at = now
-        for pid, thread in zip(self._pids, self._threads):
+        for pid, thread in self._threads.items():
             if not thread.is_alive():
                 continue
             try:
@@ -411,12 +409,12 @@ class Tracking:
     def finish(self, wait_s: float) -> tuple[tuple[Site, ...] | None, str | None]:
         """The sites (merged over the processes, largest first), or None and why not."""
         deadline = time.monotonic() + wait_s
-        for thread in self._threads:
+        for thread in self._threads.values():
             thread.join(max(0.0, deadline - time.monotonic()))
-        late = any(t.is_alive() for t in self._threads)
+        late = any(t.is_alive() for t in self._threads.values())
         if late:
             self._cancel.set()  # the probe stops tracking when the client hangs up
-            for thread in self._threads:
+            for thread in self._threads.values():
                 thread.join(2.0)
         merged: dict[tuple[str, str, int], Site] = {}
         problems = list(self.problems)
