@@ -1134,7 +1134,9 @@ def _op_memray_track(state, request, hung_up):
     # A memray lent by an earlier capture is still loaded: the client, finding it importable now,
     # sends no path.
     path = request.get("memray_path") or state.lent_from
-    mapped_before = _mapped_files() if state.lent_from is None else set()
+    # What lending maps is what appears during the capture: the service's own libraries, mapped
+    # before, are never among the pages dropped (with no path nothing can be lent).
+    mapped_before = _mapped_files() if path else set()
     memray, where = _import_memray(path, state.lent_from is not None)
     if not state.memray.acquire(False):
         raise RequestError("a memray capture is already running in this process: try again when it ends")

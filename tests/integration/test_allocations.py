@@ -348,15 +348,17 @@ def test_a_budget_spent_before_memray_skips_it_and_says_so(spawn_python):
     assert child.poll() is None
 
 
-def _library_pages_kb(pid: int, folder: str) -> int:
-    """kB of the process's RSS in read-only mappings of the libraries under `folder`."""
-    total, inside = 0, False
+def _library_pages_kb(pid: int, folder: str, *, outside: bool = False) -> int:
+    """kB of the process's RSS in read-only mappings of the files under `folder` (`outside`: of
+    every other file)."""
+    total, counted = 0, False
     with open(f"/proc/{pid}/smaps") as smaps:
         for line in smaps:
             fields = line.split()
             if len(fields) >= 5 and "-" in fields[0] and ":" in fields[3]:
-                inside = len(fields) >= 6 and fields[5].startswith(folder) and "w" not in fields[1]
-            elif inside and fields[0] == "Rss:":
+                name = fields[5] if len(fields) >= 6 else ""
+                counted = name.startswith("/") and name.startswith(folder) != outside and "w" not in fields[1]
+            elif counted and fields[0] == "Rss:":
                 total += int(fields[1])
     return total
 
@@ -364,7 +366,7 @@ def _library_pages_kb(pid: int, folder: str) -> int:
 def test_a_lent_memray_leaves_neither_rich_nor_its_libraries_code_in_the_service(tmp_path):
     """A service with no memray and no rich of its own is lent gpuscope's memray: once tracking
     ends, memray's libraries' code is no longer in its RSS (their read-only pages, as on disk,
-    dropped; what runs again comes back), and rich, which memray imports only to draw progress
+    dropped; what runs again comes back) while its own libraries' stays, and rich, which memray imports only to draw progress
     bars, was never loaded."""
     own = _probe_trackers.own_memray_path()
     if own is None:
@@ -387,6 +389,7 @@ def test_a_lent_memray_leaves_neither_rich_nor_its_libraries_code_in_the_service
         libraries = os.path.join(os.path.realpath(own), "memray")  # memray/ and memray.libs/
         try:
             for capture in (1, 2):  # the second capture reuses the memray the first one loaded
+                own_before = _library_pages_kb(proc.pid, libraries, outside=True)
                 tracked = _probe_trackers.probe_memray_suspects(client, proc.pid, 2.0, hello=client.hello(), settle=False)
                 assert tracked.cost.get("from", "").startswith("gpuscope's own packages"), (capture, tracked.cost)
                 assert tracked.suspects, capture
@@ -395,5 +398,9 @@ def test_a_lent_memray_leaves_neither_rich_nor_its_libraries_code_in_the_service
                 assert not [m for m in loaded.split() if m.split(".")[0] == "rich"], loaded
                 # about 2.7 MB while they stay; what memray's hooks still run comes back (0.2-0.4 MB)
                 assert _library_pages_kb(proc.pid, libraries) < 1024, (capture, _library_pages_kb(proc.pid, libraries))
+                # The service's own libraries keep their pages (what memray brought beside them,
+                # libstdc++ among them, gives back its 0.2-0.4 MB again): only what lending mapped.
+                own_after = _library_pages_kb(proc.pid, libraries, outside=True)
+                assert own_after > own_before - 1024, (capture, own_before, own_after)
         finally:
             client.close()
