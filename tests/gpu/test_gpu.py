@@ -114,14 +114,16 @@ while True:
 PROBED_CUDA_CHURN = PROBED_CUDA + """
 import random
 rng = random.Random(3)
-ceiling = 1
 def churn(mib):
     x = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
     x.fill_(1)
     del x
+started = time.monotonic()
 while True:
-    ceiling = min(ceiling + 1, 128)  # ever larger requests: the cache keeps growing, nothing is held
-    churn(rng.randint(max(1, ceiling - 8), ceiling))
+    # Ever larger requests, paced by the clock (not by how fast this GPU is): each second's largest
+    # fits no cached block, so the cache grows by it each second (32 MiB, 2 MiB more a second); nothing is held.
+    ceiling = min(32 + 2 * int(time.monotonic() - started), 256)
+    churn(rng.randint(ceiling - 8, ceiling))
     time.sleep(0.02)
 """
 PROBED_CUDA_TIMING = PROBED_CUDA + """

@@ -68,6 +68,12 @@ def canary_says(monkeypatch, problem: str | None) -> None:
 
     monkeypatch.setattr(target, "_SAFE_INJECTION", {})
     monkeypatch.setattr(target, "_canary", lambda name, path, interpreter: problem)
+    if problem is not None:
+        # A refusal is the canary's, also where no debugger is installed (the verdict would be
+        # "neither is installed" before any canary ran); none is then run, so none need be there.
+        which = shutil.which
+        monkeypatch.setattr(target.shutil, "which",
+                            lambda name, *a, **k: f"/usr/bin/{name}" if name in target.DEBUGGERS else which(name, *a, **k))
 
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
