@@ -198,6 +198,34 @@ def test_injection_through_a_debugger_starts_the_probe_in_a_running_python(spawn
         assert client.hello()["pid"] == target.pid
 
 
+@pytest.mark.parametrize("compiled_by", ["gpuscope", "the target's interpreter"])
+def test_the_probe_comes_in_compiled_and_from_its_source_where_the_compiled_file_is_refused(spawn_python, compiled_by):
+    """Compiling probe.py inside the service would leave it ~4 MB larger for good: the folder
+    staged for the injection holds probe.pyc (compiled by gpuscope for its own Python version,
+    else by the target's interpreter as its owner) and the bootstrap loads that; a .pyc the target
+    refuses (another Python's magic number) falls back to the source."""
+    target = spawn_python(IDLE_PY)
+    version = sys.version_info[:2] if compiled_by == "gpuscope" else (3, 0)  # (3, 0): not gpuscope's Python
+    folder = inject._stage(target_interpreter(target.pid), version, anyway=True)
+    bootstrap, status, pyc = (os.path.join(folder.shared, name) for name in ("bootstrap.py", "status", "probe.pyc"))
+    show = "import sys; exec(open(sys.argv[1]).read()); print(sys.modules['gpuscope_probe'].__file__)"
+
+    def loaded() -> str:
+        out = subprocess.run([PY, "-c", show, bootstrap], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        with open(status) as f:
+            assert f.read().startswith("started "), "the probe did not start"
+        return out.stdout.strip()
+
+    try:
+        assert loaded() == pyc
+        with open(pyc, "r+b") as f:
+            f.write(b"\0\0\0\0")
+        assert loaded() == pyc[:-1]
+    finally:
+        folder.close()
+
+
 def test_the_injection_takes_lldb_where_gdb_harms_processes_and_neither_where_both_do(monkeypatch):
     from gpuscope.core.target import interpreter as target  # noqa: PLC0415 - its canary is played
 

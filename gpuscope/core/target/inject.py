@@ -22,6 +22,7 @@ tracking), and writes what it did to a status file gpuscope waits for. Every ref
 from __future__ import annotations
 
 import os
+import py_compile
 import shutil
 import signal
 import subprocess
@@ -45,6 +46,7 @@ from gpuscope.errors import Failure
 
 STATUS_TIMEOUT_S = 15.0
 DEBUGGER_TIMEOUT_S = 30.0
+COMPILE_TIMEOUT_S = 20.0  # the target's interpreter compiling probe.py
 WARNING = (
     "this runs code inside process {pid}: a debugger (or sys.remote_exec) makes it start gpuscope's probe, "
     "a thread that answers gpuscope on a private socket. Debuggers can crash or hang a process; use it on a "
@@ -72,10 +74,22 @@ def _gpuscope_bootstrap(status_path, probe_path, anyway):
         if probe is None:
             import importlib.util
 
-            spec = importlib.util.spec_from_file_location("gpuscope_probe", probe_path)
-            probe = importlib.util.module_from_spec(spec)
-            sys.modules["gpuscope_probe"] = probe
-            spec.loader.exec_module(probe)
+            # Compiled first: compiling the source here would leave the process ~4 MB larger for
+            # good (the compiler's memory, freed but not given back). A .pyc of another Python
+            # than this one is refused ("bad magic number"): the source then.
+            for path in (probe_path + "c", probe_path):
+                if not os.path.exists(path):
+                    continue
+                spec = importlib.util.spec_from_file_location("gpuscope_probe", path)
+                probe = importlib.util.module_from_spec(spec)
+                sys.modules["gpuscope_probe"] = probe
+                try:
+                    spec.loader.exec_module(probe)
+                    break
+                except ImportError:
+                    del sys.modules["gpuscope_probe"]
+                    if path == probe_path:
+                        raise
         path = probe.start(quiet=True)
         report("started " + path if path else "failed " + str(probe.last_error()))
     except BaseException as exc:
@@ -171,7 +185,7 @@ def inject_probe(pid: int, *, anyway: bool = False, timeout: float = STATUS_TIME
         raise _refuse(str(exc)) from None
     if version == (0, 0):
         version = target.python_version(interpreter) or (0, 0)
-    folder = _stage(interpreter.owner, anyway)
+    folder = _stage(interpreter, version, anyway)
     try:
         if version >= (3, 14):
             method = "sys.remote_exec"
@@ -190,16 +204,25 @@ def inject_probe(pid: int, *, anyway: bool = False, timeout: float = STATUS_TIME
         folder.close()
 
 
-def _stage(owner: privilege.Owner, anyway: bool) -> privilege.SharedFolder:
-    """A folder of the target owner's with the bootstrap script and a copy of probe.py."""
-    folder = privilege.SharedFolder("inject", owner)
+def _stage(interpreter: target.Interpreter, version: tuple[int, int], anyway: bool) -> privilege.SharedFolder:
+    """A folder of the target owner's with the bootstrap script, a copy of probe.py and, where it
+    can be made, probe.pyc compiled for the target's Python (by gpuscope when its Python is the
+    same version, else by the target's interpreter, run as its owner)."""
+    folder = privilege.SharedFolder("inject", interpreter.owner)
     try:
         here = Path(__file__).resolve().parents[2] / "probe.py"  # gpuscope/probe.py
-        shutil.copyfile(here, os.path.join(folder.shared, "probe.py"))
+        probe = os.path.join(folder.shared, "probe.py")
+        shutil.copyfile(here, probe)
+        same = version == sys.version_info[:2]
+        if same:
+            py_compile.compile(probe, cfile=probe + "c", dfile=probe, doraise=True)
         status = os.path.join(folder.shared, "status")
         with open(os.path.join(folder.shared, "bootstrap.py"), "w", encoding="utf-8") as f:
-            f.write(_BOOTSTRAP.format(status=status, probe=os.path.join(folder.shared, "probe.py"), anyway=anyway))
+            f.write(_BOOTSTRAP.format(status=status, probe=probe, anyway=anyway))
         folder.hand_over()
+        if not same:  # a failure leaves no .pyc: the target compiles the source itself
+            target.run_python(interpreter, "import py_compile; py_compile.compile(%r, cfile=%r, dfile=%r, doraise=True)"
+                              % (probe, probe + "c", probe), COMPILE_TIMEOUT_S)
     except BaseException:
         folder.close()
         raise
