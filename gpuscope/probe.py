@@ -1240,34 +1240,80 @@ def _record_json(record, held):
 # -- tracemalloc, in process: the standard library's tracker ---------------------------------------
 
 MAX_SITES = 5000  # tracebacks followed over time
-MAX_SOURCE = 2 * 1024 * 1024  # bytes of a source file read to name a line's function
+MAX_CODES = 20000  # code objects looked at to name the functions of one file
 
 
 def _function_at(filename, line, cache):
     """The innermost function defined around `line` of `filename` (tracemalloc's frames have no
-    function name): found in the file's syntax tree; "<module>" outside any; "?" if unreadable.
-    A comprehension belongs to the function that contains it, as everywhere in gpuscope."""
-    spans = cache.get(filename)
-    if spans is None:
-        spans = []
+    function name), from the code objects of the modules loaded from that file: nothing is read
+    or parsed (parsing inside the service would leave its memory megabytes larger for good).
+    "<module>" outside any function; "?" where no loaded module comes from that file. A
+    comprehension or a lambda belongs to the function that contains it, as everywhere in gpuscope."""
+    if filename not in cache:
         try:
-            import ast
-
-            if os.path.getsize(filename) <= MAX_SOURCE:
-                with open(filename, "rb") as f:
-                    tree = ast.parse(f.read())
-                for node in ast.walk(tree):
-                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        spans.append((node.lineno, getattr(node, "end_lineno", node.lineno) or node.lineno, node.name))
-            else:
-                spans = None
+            cache[filename] = _function_spans(filename)
         except Exception:
-            spans = None
-        cache[filename] = spans
+            cache[filename] = None
+    spans = cache[filename]
     if spans is None:
         return "?"
     inside = [s for s in spans if s[0] <= line <= s[1]]
     return min(inside, key=lambda s: s[1] - s[0])[2] if inside else "<module>"
+
+
+def _function_spans(filename):
+    """[(first line, last line, name)] of the functions and methods (nested ones too) of the
+    modules loaded from `filename`; None if none is."""
+    import types
+
+    wanted = os.path.abspath(filename)
+    modules = [m for m in list(sys.modules.values())
+               if isinstance(getattr(m, "__file__", None), str) and os.path.abspath(m.__file__) == wanted]
+    if not modules:
+        return None
+    todo = []
+    for module in modules:
+        _codes_in(list(vars(module).values()), module.__name__, todo, 0)
+    spans, seen = [], set()
+    while todo and len(seen) < MAX_CODES:
+        code = todo.pop()
+        if id(code) in seen or code.co_filename != filename:
+            continue
+        seen.add(id(code))
+        todo.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        if not code.co_name.startswith("<"):
+            spans.append((code.co_firstlineno, max(_lines(code), default=code.co_firstlineno), code.co_name))
+    return spans
+
+
+def _codes_in(values, module_name, out, depth):
+    """The code objects of the functions among `values` (and of what their decorators wrap), and
+    of the methods of the classes among them defined in `module_name` (nested classes to a few
+    levels). Only functions, classes and their descriptors are looked into, through their
+    dictionaries: no attribute hook of the service's objects runs."""
+    import types
+
+    for value in values:
+        for _ in range(8):
+            if not isinstance(value, types.FunctionType):
+                break
+            out.append(value.__code__)
+            value = value.__dict__.get("__wrapped__")
+        if isinstance(value, (staticmethod, classmethod)):
+            _codes_in([value.__func__], module_name, out, depth)
+        elif isinstance(value, property):
+            _codes_in([value.fget, value.fset, value.fdel], module_name, out, depth)
+        elif isinstance(value, type) and depth < 4 and vars(value).get("__module__") == module_name:
+            _codes_in(list(vars(value).values()), module_name, out, depth + 1)
+
+
+def _lines(code):
+    """The line numbers of a code object's instructions."""
+    if hasattr(code, "co_lines"):
+        return [line for _, _, line in code.co_lines() if line is not None]
+    import dis
+
+    return [line for _, line in dis.findlinestarts(code)]
 
 
 def _op_tracemalloc_track(state, request, hung_up):

@@ -98,6 +98,53 @@ def test_importing_the_probe_loads_only_the_standard_library():
     assert heavy == set() and not any(m.startswith("gpuscope.core") for m in loaded)
 
 
+NAMED_BY_CODE = """
+import functools
+x = [bytearray(10) for _ in range(2)]  # <module>
+def deco(f):
+    @functools.wraps(f)
+    def wrapper(*a):
+        return f(*a)
+    return wrapper
+@deco
+def decorated():
+    return bytearray(5)  # decorated
+def outer():
+    def inner():
+        return [bytearray(i) for i in range(3)]  # inner
+    return inner
+class Kept:
+    def method(self):
+        return bytearray(1)  # method
+    @staticmethod
+    def static():
+        return bytearray(2)  # static
+    @property
+    def prop(self):
+        return bytearray(3)  # prop
+    class Nested:
+        def deep(self):
+            return bytearray(4)  # deep
+"""
+
+
+def test_tracemalloc_sites_are_named_from_the_loaded_code_without_reading_the_file(tmp_path, monkeypatch):
+    """tracemalloc's frames carry a file and a line: the probe names the innermost function there
+    from the code objects loaded from that file (nested functions, methods, decorated functions;
+    a comprehension belongs to its function), not by parsing the source inside the service. The
+    file is gone before the names are asked: nothing is read."""
+    path = tmp_path / "named_by_code.py"
+    path.write_text(NAMED_BY_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "named_by_code", raising=False)
+    __import__("named_by_code")
+    path.unlink()
+    expected = {i: line.rsplit("# ", 1)[1] for i, line in enumerate(NAMED_BY_CODE.splitlines(), 1) if "bytearray(" in line}
+    names = {}
+    assert {i: probe._function_at(str(path), i, names) for i in expected} == expected
+    assert probe._function_at(str(tmp_path / "never_loaded.py"), 3, names) == "?"
+
+
 # -- in this process: files, permissions, start and stop ---------------------------------------------
 
 
