@@ -1267,13 +1267,15 @@ def _function_spans(filename):
     import types
 
     wanted = os.path.abspath(filename)
-    modules = [m for m in list(sys.modules.values())
-               if isinstance(getattr(m, "__file__", None), str) and os.path.abspath(m.__file__) == wanted]
-    if not modules:
+    # Through the modules' dictionaries: a lazy module's __getattr__ never runs.
+    found = [vars(m) for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
+    found = [names for names in found
+             if isinstance(names.get("__file__"), str) and os.path.abspath(names["__file__"]) == wanted]
+    if not found:
         return None
     todo = []
-    for module in modules:
-        _codes_in(list(vars(module).values()), module.__name__, todo, 0)
+    for names in found:
+        _codes_in(list(names.values()), names.get("__name__"), todo, 0)
     spans, seen = [], set()
     while todo and len(seen) < MAX_CODES:
         code = todo.pop()

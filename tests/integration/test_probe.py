@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
 
 import psutil
@@ -139,10 +140,17 @@ def test_tracemalloc_sites_are_named_from_the_loaded_code_without_reading_the_fi
     monkeypatch.delitem(sys.modules, "named_by_code", raising=False)
     __import__("named_by_code")
     path.unlink()
+    # What else sits in sys.modules is the service's: none of its attribute hooks may run.
+    hooked = []
+    lazy = types.ModuleType("lazy_module")
+    lazy.__getattr__ = lambda name: hooked.append(name)
+    monkeypatch.setitem(sys.modules, "lazy_module", lazy)
+    monkeypatch.setitem(sys.modules, "not_a_module", type("Anything", (), {"__getattr__": lambda self, name: hooked.append(name)})())
     expected = {i: line.rsplit("# ", 1)[1] for i, line in enumerate(NAMED_BY_CODE.splitlines(), 1) if "bytearray(" in line}
     names = {}
     assert {i: probe._function_at(str(path), i, names) for i in expected} == expected
     assert probe._function_at(str(tmp_path / "never_loaded.py"), 3, names) == "?"
+    assert hooked == []
 
 
 # -- in this process: files, permissions, start and stop ---------------------------------------------

@@ -74,8 +74,8 @@ def _gpuscope_bootstrap(status_path, probe_path, anyway):
         if probe is None:
             import importlib.util
 
-            # Compiled first: compiling the source here would leave the process ~4 MB larger for
-            # good (the compiler's memory, freed but not given back). A .pyc of another Python
+            # Compiled first: compiling the source here would leave the process megabytes larger
+            # for good (the compiler's memory, freed but not given back). A .pyc of another Python
             # than this one is refused ("bad magic number"): the source then.
             for path in (probe_path + "c", probe_path):
                 if not os.path.exists(path):
