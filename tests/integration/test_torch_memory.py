@@ -4,8 +4,11 @@ console shows allocated vs reserved and the gap, the diagnosis tells cache growt
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
+
+import pytest
 
 from frames import GIB, FakeSource, frame, live
 from gpuscope.core.target import probe_client
@@ -99,21 +102,32 @@ def test_the_allocator_numbers_are_recorded_and_replayed(tmp_path):
 # -- finding the probes: every refresh asks, the folders are listed only when they change ----------
 
 
-def counted_listings(monkeypatch):
-    listings = []
-    real = probe_client._list_in
+@pytest.fixture
+def listings(monkeypatch):
+    """The folders' listings the watch makes, counted. The watch sees only this test's probe
+    folder, in a temporary folder of its own (this process's and its children's, through
+    XDG_RUNTIME_DIR and TMPDIR): the machine's own probe folders change whenever another test, or
+    anything else here, starts or stops a probe."""
+    private = tempfile.mkdtemp(prefix="gpuscope-w-")  # short: a socket's path has at most 107 bytes
+    monkeypatch.setenv("XDG_RUNTIME_DIR", private)
+    monkeypatch.setenv("TMPDIR", private)
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    real_folders, real_stamp, real_list = probe_client._probe_folders, probe_client._stamp, probe_client._list_in
+    monkeypatch.setattr(probe_client, "_probe_folders", lambda: [f for f in real_folders() if f[0].startswith(private)])
+    monkeypatch.setattr(probe_client, "_stamp", lambda path: real_stamp(path) if path.startswith(private) else None)
+    counted = []
 
     def counting(folders, *, clean):
-        listings.append(len(folders))
-        return real(folders, clean=clean)
+        counted.append(len(folders))
+        return real_list(folders, clean=clean)
 
     monkeypatch.setattr(probe_client, "_list_in", counting)
     monkeypatch.setattr(ProbeWatch, "RACY_S", 0.05)  # the folders' clock ticks here are far finer
-    return listings
+    yield counted
+    shutil.rmtree(private, ignore_errors=True)
 
 
-def test_probes_are_listed_again_only_when_their_folders_change(spawn_python, monkeypatch):
-    listings = counted_listings(monkeypatch)
+def test_probes_are_listed_again_only_when_their_folders_change(spawn_python, listings):
     watch = ProbeWatch()
     first = probed(spawn_python)
     assert first.pid in [p.pid for p in watch.probes()]
@@ -132,8 +146,7 @@ def test_probes_are_listed_again_only_when_their_folders_change(spawn_python, mo
     assert len(listings) > listed
 
 
-def test_the_socket_of_a_killed_process_is_removed_and_it_leaves_the_list(spawn_python, monkeypatch):
-    counted_listings(monkeypatch)
+def test_the_socket_of_a_killed_process_is_removed_and_it_leaves_the_list(spawn_python, listings):
     watch = ProbeWatch()
     child = probed(spawn_python)
     [info] = [p for p in watch.probes() if p.pid == child.pid]
