@@ -200,7 +200,7 @@ def test_injection_through_a_debugger_starts_the_probe_in_a_running_python(spawn
 
 @pytest.mark.parametrize("compiled_by", ["gpuscope", "the target's interpreter"])
 def test_the_probe_comes_in_compiled_and_from_its_source_where_the_compiled_file_is_refused(spawn_python, compiled_by):
-    """Compiling probe.py inside the service would leave it ~4 MB larger for good: the folder
+    """Compiling probe.py inside the service would leave it megabytes larger for good: the folder
     staged for the injection holds probe.pyc (compiled by gpuscope for its own Python version,
     else by the target's interpreter as its owner) and the bootstrap loads that; a .pyc the target
     refuses (another Python's magic number) falls back to the source."""
