@@ -1243,49 +1243,58 @@ MAX_SITES = 5000  # tracebacks followed over time
 MAX_CODES = 20000  # code objects looked at to name the functions of one file
 
 
-def _function_at(filename, line, cache):
-    """The innermost function defined around `line` of `filename` (tracemalloc's frames have no
+class _FunctionNames:
+    """The innermost function defined around a line of a file (tracemalloc's frames have no
     function name), from the code objects of the modules loaded from that file: nothing is read
     or parsed (parsing inside the service would leave its memory megabytes larger for good).
     "<module>" outside any function; "?" where no loaded module comes from that file. A
-    comprehension or a lambda belongs to the function that contains it, as everywhere in gpuscope."""
-    if filename not in cache:
-        try:
-            cache[filename] = _function_spans(filename)
-        except Exception:
-            cache[filename] = None
-    spans = cache[filename]
-    if spans is None:
-        return "?"
-    inside = [s for s in spans if s[0] <= line <= s[1]]
-    return min(inside, key=lambda s: s[1] - s[0])[2] if inside else "<module>"
+    comprehension or a lambda belongs to the function that contains it, as everywhere in gpuscope.
+    One per capture: the modules are indexed by file once, each file's functions found once."""
 
+    def __init__(self):
+        self._modules = None  # absolute path -> the dictionaries of the modules loaded from it
+        self._spans = {}  # file -> [(first line, last line, name)], or None
 
-def _function_spans(filename):
-    """[(first line, last line, name)] of the functions and methods (nested ones too) of the
-    modules loaded from `filename`; None if none is."""
-    import types
+    def at(self, filename, line):
+        if filename not in self._spans:
+            try:
+                self._spans[filename] = self._function_spans(filename)
+            except Exception:
+                self._spans[filename] = None
+        spans = self._spans[filename]
+        if spans is None:
+            return "?"
+        inside = [s for s in spans if s[0] <= line <= s[1]]
+        return min(inside, key=lambda s: s[1] - s[0])[2] if inside else "<module>"
 
-    wanted = os.path.abspath(filename)
-    # Through the modules' dictionaries: a lazy module's __getattr__ never runs.
-    found = [vars(m) for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
-    found = [names for names in found
-             if isinstance(names.get("__file__"), str) and os.path.abspath(names["__file__"]) == wanted]
-    if not found:
-        return None
-    todo = []
-    for names in found:
-        _codes_in(list(names.values()), names.get("__name__"), todo, 0)
-    spans, seen = [], set()
-    while todo and len(seen) < MAX_CODES:
-        code = todo.pop()
-        if id(code) in seen or code.co_filename != filename:
-            continue
-        seen.add(id(code))
-        todo.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-        if not code.co_name.startswith("<"):
-            spans.append((code.co_firstlineno, max(_lines(code), default=code.co_firstlineno), code.co_name))
-    return spans
+    def _function_spans(self, filename):
+        """[(first line, last line, name)] of the functions and methods (nested ones too) of the
+        modules loaded from `filename`; None if none is."""
+        import types
+
+        if self._modules is None:
+            self._modules = {}
+            # Through the modules' dictionaries: a lazy module's __getattr__ never runs.
+            for module in list(sys.modules.values()):
+                names = vars(module) if isinstance(module, types.ModuleType) else {}
+                if isinstance(names.get("__file__"), str):
+                    self._modules.setdefault(os.path.abspath(names["__file__"]), []).append(names)
+        found = self._modules.get(os.path.abspath(filename))
+        if not found:
+            return None
+        todo = []
+        for names in found:
+            _codes_in(list(names.values()), names.get("__name__"), todo, 0)
+        spans, seen = [], set()
+        while todo and len(seen) < MAX_CODES:
+            code = todo.pop()
+            if id(code) in seen or code.co_filename != filename:
+                continue
+            seen.add(id(code))
+            todo.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+            if not code.co_name.startswith("<"):
+                spans.append((code.co_firstlineno, max(_lines(code), default=code.co_firstlineno), code.co_name))
+        return spans
 
 
 def _codes_in(values, module_name, out, depth):
@@ -1378,11 +1387,11 @@ def _op_tracemalloc_track(state, request, hung_up):
     finally:
         state.memray.release()
     give_back_freed_memory()
-    names = {}
+    names = _FunctionNames()
     ranked = sorted(series.items(), key=lambda kv: -(kv[1][-1] or max(kv[1]) / 4))[:limit]
     records = []
     for traceback, held in ranked:
-        frames = [[_function_at(f.filename, f.lineno, names), f.filename, f.lineno] for f in reversed(traceback)]
+        frames = [[names.at(f.filename, f.lineno), f.filename, f.lineno] for f in reversed(traceback)]
         records.append({"size": held[-1], "count": None, "frames": frames[:MAX_FRAMES], "held": held})
     return {
         "seconds": round(time.monotonic() - started, 3),

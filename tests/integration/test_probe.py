@@ -147,9 +147,9 @@ def test_tracemalloc_sites_are_named_from_the_loaded_code_without_reading_the_fi
     monkeypatch.setitem(sys.modules, "lazy_module", lazy)
     monkeypatch.setitem(sys.modules, "not_a_module", type("Anything", (), {"__getattr__": lambda self, name: hooked.append(name)})())
     expected = {i: line.rsplit("# ", 1)[1] for i, line in enumerate(NAMED_BY_CODE.splitlines(), 1) if "bytearray(" in line}
-    names = {}
-    assert {i: probe._function_at(str(path), i, names) for i in expected} == expected
-    assert probe._function_at(str(tmp_path / "never_loaded.py"), 3, names) == "?"
+    names = probe._FunctionNames()
+    assert {i: names.at(str(path), i) for i in expected} == expected
+    assert names.at(str(tmp_path / "never_loaded.py"), 3) == "?"
     assert hooked == []
 
 
